@@ -1,0 +1,102 @@
+"""Architectures of the bundled tiny models: a word-level CLIP tokenizer, a small CLIP text encoder
+and a pixel-space UNet2DConditionModel. Used by scripts/pretrain_tiny.py; loading goes through
+`ddpo_grpo.models.load_pipeline` like any diffusers checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Iterable, List, Tuple
+
+from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+MAX_TOKENS = 16
+
+
+def _bpe_for_words(words: Iterable[str]) -> Tuple[dict, List[Tuple[str, str]]]:
+    """A CLIP-style BPE vocab and merge list in which every given word is one token.
+
+    Merges are learned the standard way (repeatedly merge the most frequent adjacent pair), so
+    applying them in rank order reproduces the learned segmentation and ends in whole words.
+    """
+    words = sorted(set(words))
+    chars = sorted({ch for w in words for ch in w})
+    vocab: List[str] = chars + [c + "</w>" for c in chars]
+    merges: List[Tuple[str, str]] = []
+    segs = [list(w[:-1]) + [w[-1] + "</w>"] for w in words]
+    while any(len(s) > 1 for s in segs):
+        counts: dict = {}
+        for s in segs:
+            for pair in zip(s, s[1:]):
+                counts[pair] = counts.get(pair, 0) + 1
+        pair = max(sorted(counts), key=lambda p: counts[p])
+        merges.append(pair)
+        merged = pair[0] + pair[1]
+        if merged not in vocab:
+            vocab.append(merged)
+        for k, s in enumerate(segs):
+            out, i = [], 0
+            while i < len(s):
+                if i + 1 < len(s) and (s[i], s[i + 1]) == pair:
+                    out.append(merged)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            segs[k] = out
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    return {tok: i for i, tok in enumerate(vocab)}, merges
+
+
+def build_tokenizer(words: Iterable[str], save_dir: str) -> CLIPTokenizer:
+    """Build a CLIPTokenizer whose vocab is `words` (one token each) and save it to save_dir.
+
+    The vocab/merges files are written to a fresh temporary folder first: a stale tokenizer.json
+    in save_dir would otherwise take precedence over them in from_pretrained.
+    """
+    vocab, merges = _bpe_for_words(list(words))
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "vocab.json"), "w") as f:
+            json.dump(vocab, f)
+        with open(os.path.join(tmp, "merges.txt"), "w") as f:
+            f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
+        tok = CLIPTokenizer.from_pretrained(tmp, model_max_length=MAX_TOKENS, pad_token="<|endoftext|>")
+    if os.path.isdir(save_dir):
+        shutil.rmtree(save_dir)
+    tok.save_pretrained(save_dir)
+    return tok
+
+
+def build_text_encoder(vocab_size: int) -> CLIPTextModel:
+    cfg = CLIPTextConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=MAX_TOKENS, projection_dim=64,
+        bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1,
+    )
+    return CLIPTextModel(cfg)
+
+
+def build_unet(prediction_type: str = "v_prediction", in_channels: int = 3) -> UNet2DConditionModel:
+    """~1.4M-parameter pixel UNet for 3x32x32; cross-attention only at 8x8 (attention at 32x32 is ~8x slower)."""
+    return UNet2DConditionModel(
+        sample_size=32, in_channels=in_channels, out_channels=3,
+        down_block_types=("DownBlock2D", "DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
+        block_out_channels=(32, 64, 64), layers_per_block=1, cross_attention_dim=64,
+        attention_head_dim=8, norm_num_groups=8, addition_embed_type="text",
+        addition_embed_type_num_heads=4,
+    )
+
+
+def build_ddim_scheduler() -> DDIMScheduler:
+    return DDIMScheduler(
+        num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type="v_prediction",
+        clip_sample=True, clip_sample_range=1.0, set_alpha_to_one=True, steps_offset=0,
+        timestep_spacing="leading",
+    )
+
+
+def build_flow_scheduler() -> FlowMatchEulerDiscreteScheduler:
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)

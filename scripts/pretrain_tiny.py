@@ -1,0 +1,105 @@
+"""Pretrain the bundled tiny text-to-image model on the toy world.
+
+    python scripts/pretrain_tiny.py --family ddim --out assets/tiny-t2i --steps 1500
+    python scripts/pretrain_tiny.py --family flow --out assets/tiny-flow --steps 1500
+
+`ddim`: v-prediction with a DDIMScheduler (cosine betas). `flow`: rectified flow (x_t = (1-s) x0 + s eps,
+velocity target eps - x0) with a FlowMatchEulerDiscreteScheduler. Both are seeded and reproducible on
+the CPU; the model is deliberately small and briefly trained so that it is imperfect (RL head-room).
+Snapshots are written every --snapshot-every steps so a run can be stopped early.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ddpo_grpo.models.tiny import (  # noqa: E402
+    build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet,
+)
+from ddpo_grpo.toyworld import sample_training_batch, vocabulary  # noqa: E402
+
+
+def save(out: str, unet, text_encoder, tokenizer, scheduler, meta: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    unet.save_pretrained(os.path.join(out, "unet"))
+    text_encoder.save_pretrained(os.path.join(out, "text_encoder"))
+    tokenizer.save_pretrained(os.path.join(out, "tokenizer"))
+    scheduler.save_pretrained(os.path.join(out, "scheduler"))
+    with open(os.path.join(out, "pretrain_meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=["ddim", "flow"], default="ddim")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--cfg-dropout", type=float, default=0.1, help="share of empty prompts, for classifier-free guidance")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--snapshot-every", type=int, default=0)
+    args = ap.parse_args()
+
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    tok_dir = os.path.join(args.out, "tokenizer")
+    tokenizer = build_tokenizer(vocabulary(), tok_dir)
+    text_encoder = build_text_encoder(len(tokenizer))
+    unet = build_unet()
+    scheduler = build_ddim_scheduler() if args.family == "ddim" else build_flow_scheduler()
+    params = list(unet.parameters()) + list(text_encoder.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + np.cos(np.pi * min(s / args.steps, 1.0)))
+    )
+    alphas = scheduler.alphas_cumprod if args.family == "ddim" else None
+    t0 = time.time()
+    for step in range(1, args.steps + 1):
+        prompts, x0, _ = sample_training_batch(args.batch_size, rng)
+        prompts = ["" if rng.random() < args.cfg_dropout else p for p in prompts]
+        ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length,
+                        truncation=True, return_tensors="pt").input_ids
+        emb = text_encoder(ids)[0]
+        noise = torch.randn_like(x0)
+        if args.family == "ddim":
+            t = torch.randint(0, scheduler.config.num_train_timesteps, (x0.shape[0],))
+            xt = scheduler.add_noise(x0, noise, t)
+            target = scheduler.get_velocity(x0, noise, t)
+            timestep = t
+        else:
+            # logit-normal sigmas, as in SD3, put more weight on the middle of the path
+            s = torch.sigmoid(torch.randn(x0.shape[0]))
+            sb = s.view(-1, 1, 1, 1)
+            xt = (1 - sb) * x0 + sb * noise
+            target = noise - x0
+            timestep = s * scheduler.config.num_train_timesteps
+        pred = unet(xt, timestep, encoder_hidden_states=emb).sample
+        loss = F.mse_loss(pred, target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == 1:
+            print(f"step {step}/{args.steps} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
+        if args.snapshot_every and step % args.snapshot_every == 0 and step < args.steps:
+            save(os.path.join(args.out + "_snapshots", f"step{step}"), unet, text_encoder, tokenizer, scheduler,
+                 {"family": args.family, "steps": step, "args": vars(args)})
+    save(args.out, unet, text_encoder, tokenizer, scheduler,
+         {"family": args.family, "steps": args.steps, "seconds": round(time.time() - t0), "args": vars(args),
+          "torch": torch.__version__})
+    print(f"saved {args.out} after {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
