@@ -91,9 +91,10 @@ def build_unet(prediction_type: str = "v_prediction", in_channels: int = 3) -> U
 
 
 def build_ddim_scheduler() -> DDIMScheduler:
+    # set_alpha_to_one=False (as in Stable Diffusion) keeps the last DDIM step stochastic, so it has a logprob.
     return DDIMScheduler(
         num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type="v_prediction",
-        clip_sample=True, clip_sample_range=1.0, set_alpha_to_one=True, steps_offset=0,
+        clip_sample=True, clip_sample_range=1.0, set_alpha_to_one=False, steps_offset=1,
         timestep_spacing="leading",
     )
 

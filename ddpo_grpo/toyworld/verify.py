@@ -48,11 +48,11 @@ def _read_object(img: np.ndarray, mask: np.ndarray):
         return None
     cx, cy, r = (x0 + x1) / 2, (y0 + y1) / 2, max(x1 - x0, y1 - y0) / 2
     # Soft IoU between the foreground intensity and each template; the thresholded bounding box
-    # overestimates the size by up to a pixel, so a few radii are tried.
+    # is off by up to a pixel either way (anti-aliased rims at exactly 0.5), so a few radii are tried.
     fg = np.clip(img.max(axis=0), 0, 1) * _dilate(mask)
     best, best_iou = SHAPES[0], -1.0
     for shape in SHAPES:
-        for rr in (r - 1.0, r - 0.5, r):
+        for rr in (r - 1.0, r - 0.5, r, r + 0.5):
             tmpl = shape_mask(shape, cx, cy, rr)
             iou = np.minimum(tmpl, fg).sum() / max(np.maximum(tmpl, fg).sum(), 1e-6)
             if iou > best_iou:

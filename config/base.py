@@ -1,0 +1,106 @@
+"""Every knob of ddpo_grpo, commented. Named configs in config/grpo.py start from this one.
+
+Launch:  accelerate launch scripts/train.py --config config/grpo.py:tiny
+Override any field on the command line:  --config.train.learning_rate=1e-4
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+
+    ###### General ######
+    config.run_name = ""  # run folder name under logdir; "" -> <config name>_<timestamp>
+    config.seed = 42  # everything (sampling noise, condition choice, shuffles) derives from it
+    config.logdir = "logs"
+    config.num_epochs = 100
+    config.save_freq = 20  # epochs between checkpoints (accelerate save_state, atomic); 0 = never
+    config.num_checkpoint_limit = 3  # older checkpoints are deleted
+    config.eval_freq = 10  # epochs between deterministic evaluations; 0 = never
+    config.mixed_precision = "no"  # "no" | "fp16" | "bf16" (through accelerate; logprob math stays fp32)
+    config.allow_tf32 = True
+    config.resume_from = ""  # a checkpoint folder, or a run folder (its newest complete checkpoint)
+    config.use_lora = False  # train LoRA adapters (peft) instead of the full denoiser
+    config.lora_rank = 8
+    config.dry_run = False  # validate the config and batch geometry, print it, exit before loading models
+
+    ###### Pretrained model ######
+    config.pretrained = ml_collections.ConfigDict()
+    config.pretrained.model = "tiny-t2i"  # a bundled model name or a local diffusers-format folder
+
+    ###### Conditions ######
+    config.data = ml_collections.ConfigDict()
+    config.data.name = "toyworld"  # "toyworld" | "prompt_file" | "recam"
+    config.data.path = ""  # prompt file (one prompt per line) for "prompt_file"
+    config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
+
+    ###### Sampling ######
+    config.sample = ml_collections.ConfigDict()
+    config.sample.num_steps = 20  # denoising steps T
+    config.sample.eta = 1.0  # DDIM stochasticity; must be > 0 for a log-probability
+    config.sample.noise_level = 0.7  # flow models: SDE noise level (0 = ODE)
+    config.sample.sde_type = "sde"  # flow models: "sde" (Flow-GRPO) | "cps" (coefficients-preserving)
+    config.sample.sde_window_size = 0  # flow models: train only a window of w steps (0 = all steps)
+    config.sample.sde_window_mode = "random"  # "fixed" | "random" | "sliding"
+    config.sample.sde_window_start = 0  # start of a "fixed" window
+    config.sample.guidance_scale = 1.0  # classifier-free guidance; 1.0 = off
+    config.sample.batch_size = 8  # per process, per sampling batch
+    config.sample.num_batches_per_epoch = 4
+    # GRPO group size: copies of each condition per epoch, spread over all processes and batches.
+    # num_processes * batch_size * num_batches_per_epoch must be divisible by k.
+    config.sample.k = 4
+
+    ###### Training ######
+    config.train = ml_collections.ConfigDict()
+    config.train.batch_size = 8  # samples per training micro-batch (per process)
+    config.train.learning_rate = 3e-4
+    config.train.adam_beta1 = 0.9
+    config.train.adam_beta2 = 0.999
+    config.train.adam_weight_decay = 1e-4
+    config.train.adam_epsilon = 1e-8
+    config.train.gradient_accumulation_steps = 1  # micro-batches per optimizer step (x trained timesteps)
+    config.train.max_grad_norm = 1.0
+    config.train.num_inner_epochs = 1  # passes over each epoch's samples
+    config.train.cfg = True  # use guidance in training when sampling used it (needed for ratio == 1)
+    config.train.adv_clip_max = 5.0
+    config.train.clip_range = 1e-4  # PPO ratio clip (small: logprobs are averaged over dimensions)
+    config.train.clip_range_high = -1.0  # < 0: same as clip_range
+    config.train.timestep_fraction = 1.0  # share of the T steps trained per sample (random subset)
+    config.train.timesteps_per_call = 1  # timesteps of the same samples stacked in one forward call
+    config.train.beta = 0.0  # KL weight to the reference; 0 skips the reference forward entirely
+    config.train.kl_type = "gaussian"  # "gaussian" (exact for a step) | "k3" (Schulman, on logprobs)
+    config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start
+    config.train.reference_update_freq = 1  # optimizer steps between reference mixes
+    config.train.sup_weight = 0.0  # supervised denoising loss on pretraining data (0 = off)
+    config.train.sup_warmup_epochs = 0  # sup weight ramps from sup_weight*2 down to sup_weight... see sup.py
+    config.train.sup_decay_epochs = 0
+    config.train.sup_batch_size = 16
+    config.train.max_invalid_fraction = 0.5  # stop if more than this share of an epoch's rewards is invalid
+
+    ###### Advantages (PerPromptStatTracker) ######
+    config.tracker = ml_collections.ConfigDict()
+    config.tracker.std_mode = "group"  # "group" | "global" | "none" | "running"
+    config.tracker.buffer_size = 0  # > 0: DDPO's per-prompt history across epochs
+    config.tracker.min_count = 16  # history length before per-prompt stats are used
+
+    ###### Rewards ######
+    config.reward = ml_collections.ConfigDict()
+    config.reward.fns = {"toyworld": 1.0}  # name -> weight; combined into `avg`
+    config.reward.kwargs = {}  # name -> dict of factory kwargs
+    config.reward.per_step = "none"  # "none" (B,) | "broadcast" | "x0" | "x0_gain" (B, T)
+    config.reward.num_threads = 2  # reward computation overlaps sampling in a thread pool
+
+    ###### Logging ######
+    config.logging = ml_collections.ConfigDict()
+    config.logging.wandb = True  # offline unless WANDB_MODE says otherwise
+    config.logging.wandb_project = "ddpo_grpo"
+    config.logging.tensorboard = True
+    config.logging.num_images = 16  # images in the per-epoch grid
+    config.logging.image_freq = 1  # epochs between image grids
+
+    ###### Evaluation ######
+    config.eval = ml_collections.ConfigDict()
+    config.eval.num_samples = 64  # held-out conditions, deterministic sampling (eta=0 / ODE)
+    config.eval.seed = 1234
+    config.eval.batch_size = 32
+    return config

@@ -1,0 +1,168 @@
+"""Config -> everything the epoch loop needs, in one RunContext. Validation comes first and is cheap:
+bad input stops the run with one clear line before any model is loaded."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from .data import KRepeatSampler, build_dataset
+from .errors import ConfigError
+
+STD_MODES = ("group", "global", "none", "running")
+PER_STEP = ("none", "broadcast", "x0", "x0_gain")
+
+
+@dataclass
+class RunState:
+    """Counters saved with every checkpoint."""
+
+    epoch: int = 0  # next epoch to run
+    global_step: int = 0  # optimizer steps taken
+    history: list = field(default_factory=list)  # per-epoch reward means, for the reward curve
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"epoch": self.epoch, "global_step": self.global_step, "history": list(self.history)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.epoch, self.global_step, self.history = state["epoch"], state["global_step"], list(state["history"])
+
+
+@dataclass
+class RunContext:
+    config: Any
+    accelerator: Any
+    pipe: Any
+    unet: torch.nn.Module
+    optimizer: Any
+    lr_scheduler: Any
+    tracker: Any
+    reference: Any
+    rewards: Any
+    sampler: KRepeatSampler
+    train_data: Any
+    eval_data: Any
+    encode: Callable
+    neg_embed: torch.Tensor
+    run_dir: str
+    state: RunState
+    supervised: Optional[Any] = None
+
+
+def model_family(config) -> str:
+    """The family from the model's scheduler config, read without loading weights."""
+    import json
+
+    from .models import ModelPathError, resolve_model_path
+
+    try:
+        path = resolve_model_path(config.pretrained.model)
+    except ModelPathError as e:
+        raise ConfigError(f"pretrained.model: {e}") from None
+    with open(os.path.join(path, "scheduler", "scheduler_config.json")) as f:
+        cls = json.load(f).get("_class_name", "")
+    return "flow" if cls == "FlowMatchEulerDiscreteScheduler" else "ddim"
+
+
+def validate_config(config, num_processes: int) -> str:
+    """Raise ConfigError with one clear line for anything that cannot work. Returns the model family."""
+    from .rewards import available_rewards
+
+    s, t = config.sample, config.train
+    KRepeatSampler(dataset_size=10**9, batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
+                   num_processes=num_processes, k=s.k, seed=config.seed)
+    family = model_family(config)
+    if family == "ddim" and s.eta <= 0:
+        raise ConfigError(f"sample.eta={s.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
+                          "use eta > 0 for training (evaluation uses eta=0 by itself)")
+    if family == "flow" and s.noise_level <= 0:
+        raise ConfigError(f"sample.noise_level={s.noise_level}: the flow ODE has no log-probability; use > 0")
+    if s.sde_window_size and family != "flow":
+        raise ConfigError("sample.sde_window_size applies to flow-matching models only; set it to 0")
+    if s.sde_window_size < 0 or s.sde_window_size > s.num_steps:
+        raise ConfigError(f"sample.sde_window_size={s.sde_window_size} must be in [0, num_steps={s.num_steps}]")
+    if not 0 < t.timestep_fraction <= 1:
+        raise ConfigError(f"train.timestep_fraction={t.timestep_fraction} must be in (0, 1]")
+    if t.clip_range <= 0:
+        raise ConfigError(f"train.clip_range={t.clip_range} must be > 0")
+    if t.kl_type not in ("gaussian", "k3"):
+        raise ConfigError(f"train.kl_type={t.kl_type!r}; choose 'gaussian' or 'k3'")
+    if not 0 <= t.reference_model_mixup_alpha <= 1:
+        raise ConfigError(f"train.reference_model_mixup_alpha={t.reference_model_mixup_alpha} must be in [0, 1]")
+    if int(t.timesteps_per_call) < 1:
+        raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1")
+    if config.tracker.std_mode not in STD_MODES:
+        raise ConfigError(f"tracker.std_mode={config.tracker.std_mode!r}; choose one of {STD_MODES}")
+    if config.reward.per_step not in PER_STEP:
+        raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP}")
+    if config.mixed_precision not in ("no", "fp16", "bf16"):
+        raise ConfigError(f"mixed_precision={config.mixed_precision!r}; choose 'no', 'fp16' or 'bf16'")
+    names = available_rewards()
+    for name in config.reward.fns:
+        if name not in names:
+            raise ConfigError(f"unknown reward {name!r} in reward.fns; available: {', '.join(sorted(names))}")
+    if not config.reward.fns:
+        raise ConfigError("reward.fns is empty; give at least one reward name with a weight")
+    build_dataset(config, "train")  # a missing or empty prompt file fails here
+    return family
+
+
+def build_context(config, accelerator, run_dir: str) -> RunContext:
+    """Load the model and build optimizer, tracker, reference, rewards and sampler."""
+    from .models import load_pipeline
+    from .reference import EMAReference
+    from .rewards import RewardComputer
+    from .stat_tracking import PerPromptStatTracker
+    from .supervised import SupervisedLoss
+
+    pipe = load_pipeline(config.pretrained.model, device=accelerator.device)
+    unet = pipe.unet
+    if config.use_lora:
+        from peft import LoraConfig
+
+        unet.add_adapter(LoraConfig(r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
+                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
+    else:
+        unet.requires_grad_(True)
+    params = [p for p in unet.parameters() if p.requires_grad]
+    t = config.train
+    optimizer = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                                  weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    reference = None
+    if t.beta > 0:
+        reference = EMAReference(accelerator.unwrap_model(unet), alpha=t.reference_model_mixup_alpha,
+                                 update_freq=t.reference_update_freq, lora=config.use_lora or None)
+    tracker = PerPromptStatTracker(std_mode=config.tracker.std_mode, buffer_size=config.tracker.buffer_size or None,
+                                   min_count=config.tracker.min_count)
+    executor = ThreadPoolExecutor(max(1, config.reward.num_threads))
+    rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
+                             executor=executor)
+    train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")
+    sampler = KRepeatSampler(len(train_data), config.sample.batch_size, config.sample.num_batches_per_epoch,
+                             accelerator.num_processes, config.sample.k, config.seed)
+    cache: Dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def encode(prompts):
+        """Prompt embeddings (B, L, D), cached: conditions repeat k times per epoch and across epochs."""
+        from .diffusers_patch.pipeline_with_logprob import encode_prompts
+
+        if pipe.text_encoder is None:
+            return torch.zeros(len(prompts), 1, pipe.unet.config.cross_attention_dim, device=accelerator.device)
+        missing = sorted({p for p in prompts if p not in cache})
+        if missing:
+            for p, e in zip(missing, encode_prompts(pipe.text_encoder, pipe.tokenizer, missing)):
+                cache[p] = e
+        return torch.stack([cache[p] for p in prompts])
+
+    state = RunState()
+    supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
+    for obj in (state, tracker) + ((reference,) if reference is not None else ()):
+        accelerator.register_for_checkpointing(obj)
+    return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, tracker, reference, rewards, sampler,
+                      train_data, eval_data, encode, encode([""]), run_dir, state, supervised)

@@ -1,0 +1,99 @@
+"""Step 8: atomic checkpoints through accelerate's save_state, and resuming from them.
+
+A checkpoint becomes visible only when complete: every process writes into `.tmp-checkpoint_NNNNN`,
+the files are fsynced, and the main process renames the folder to `checkpoint_NNNNN` (an atomic rename
+on POSIX). A kill during saving leaves at most a `.tmp-*` folder, which is ignored and cleaned up.
+Saved: model, optimizer, LR schedule and all RNG states (per process) by accelerate, plus the run
+state (epoch, step, history), the tracker and the EMA reference registered for checkpointing, and
+run_meta.json describing what the checkpoint belongs to.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+from typing import Optional
+
+from .errors import ConfigError
+
+META = "run_meta.json"
+
+
+def run_meta(config, family: str) -> dict:
+    return {"model": config.pretrained.model, "use_lora": bool(config.use_lora), "family": family,
+            "lora_rank": int(config.lora_rank) if config.use_lora else None}
+
+
+def _fsync_tree(path: str) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save_checkpoint(ctx, family: str) -> Optional[str]:
+    """Every process must call this (accelerate saves per-process RNG state; DDP needs all to take part)."""
+    acc = ctx.accelerator
+    root = os.path.join(ctx.run_dir, "checkpoints")
+    final = os.path.join(root, f"checkpoint_{ctx.state.epoch:05d}")
+    tmp = os.path.join(root, f".tmp-checkpoint_{ctx.state.epoch:05d}")
+    if acc.is_main_process:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    acc.wait_for_everyone()
+    acc.save_state(tmp)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        with open(os.path.join(tmp, META), "w") as f:
+            json.dump(run_meta(ctx.config, family), f)
+        _fsync_tree(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        fd = os.open(root, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        for old in sorted(complete_checkpoints(root))[:-max(1, ctx.config.num_checkpoint_limit)]:
+            shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+    return final
+
+
+def complete_checkpoints(root: str) -> list:
+    return sorted(p for p in glob.glob(os.path.join(root, "checkpoint_*"))
+                  if re.fullmatch(r"checkpoint_\d+", os.path.basename(p)) and os.path.isfile(os.path.join(p, META)))
+
+
+def resolve_resume(path: str) -> str:
+    """A checkpoint folder, or a run folder -> its newest complete checkpoint."""
+    if os.path.isfile(os.path.join(path, META)):
+        return path
+    for root in (os.path.join(path, "checkpoints"), path):
+        found = complete_checkpoints(root)
+        if found:
+            return found[-1]
+    raise ConfigError(f"resume_from={path!r} holds no complete checkpoint (checkpoint_NNNNN with {META}); "
+                      "give a run folder or a checkpoint folder")
+
+
+def check_compatible(ckpt: str, config, family: str) -> None:
+    with open(os.path.join(ckpt, META)) as f:
+        saved = json.load(f)
+    want = run_meta(config, family)
+    diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}" for k, v in want.items() if saved.get(k) != v]
+    if diff:
+        raise ConfigError(f"checkpoint {ckpt} does not match the config ({'; '.join(diff)}); "
+                          "resume with the config it was made with")
+
+
+def load_checkpoint(ctx, path: str, family: str) -> str:
+    ckpt = resolve_resume(path)
+    check_compatible(ckpt, ctx.config, family)
+    ctx.accelerator.load_state(ckpt)
+    return ckpt

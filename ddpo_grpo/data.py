@@ -1,0 +1,103 @@
+"""Conditions addressed by integer index, and the distributed k-repeat sampler that places exactly k
+copies of each chosen condition across all processes and batches of an epoch.
+
+A condition item is a dict: {"index": int, "prompt": str, ...model-specific conditioning...}. GRPO groups
+by `index`, so prompts, dataset rows and (sample_id, budget)-style conditions all work the same way.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+class PromptFileDataset:
+    """One prompt per line of a text file; blank lines are ignored."""
+
+    def __init__(self, path: str):
+        if not path or not os.path.isfile(path):
+            raise ConfigError(f"data.path {path!r} is not a file; give a text file with one prompt per line")
+        with open(path) as f:
+            self.prompts = [line.strip() for line in f if line.strip()]
+        if not self.prompts:
+            raise ConfigError(f"prompt file {path!r} is empty; put one prompt per line")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, i: int) -> Dict:
+        return {"index": i, "prompt": self.prompts[i]}
+
+
+class ToyWorldConditions:
+    """The toy world's conditions (train or eval split) as condition items."""
+
+    def __init__(self, split: str = "train"):
+        from .toyworld import ToyWorldDataset
+
+        self.ds = ToyWorldDataset(split=split)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> Dict:
+        cond = self.ds.condition(i)
+        return {"index": self.ds.indices[i], "prompt": cond.prompt(), "condition": cond}
+
+
+def build_dataset(config, split: str):
+    """The condition dataset named by config.data.name."""
+    name = config.data.name
+    if name == "toyworld":
+        return ToyWorldConditions("eval" if split == "eval" else config.data.split)
+    if name == "prompt_file":
+        return PromptFileDataset(config.data.path)
+    if name == "recam":
+        from .recam.data import RecamConditions
+
+        return RecamConditions(split=split)
+    raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file' or 'recam'")
+
+
+@dataclass
+class KRepeatSampler:
+    """Per epoch: m = total / k distinct conditions, each repeated exactly k times, shuffled, and cut into
+    num_batches x num_processes slices of batch_size. Every process computes the same plan from
+    (seed, epoch), so no communication is needed and a resumed run replays the same epoch."""
+
+    dataset_size: int
+    batch_size: int
+    num_batches: int
+    num_processes: int
+    k: int
+    seed: int
+
+    def __post_init__(self):
+        total = self.batch_size * self.num_batches * self.num_processes
+        if self.k < 2:
+            raise ConfigError(f"sample.k={self.k}: GRPO needs at least 2 copies per condition to compare")
+        if total % self.k:
+            raise ConfigError(
+                f"num_processes*batch_size*num_batches_per_epoch = {self.num_processes}*{self.batch_size}*"
+                f"{self.num_batches} = {total} is not divisible by sample.k={self.k}; change k or the batch geometry"
+            )
+        self.num_conditions = total // self.k
+        if self.num_conditions > self.dataset_size:
+            raise ConfigError(
+                f"an epoch needs {self.num_conditions} distinct conditions but the dataset has {self.dataset_size}; "
+                "raise sample.k or lower the batch geometry"
+            )
+
+    def epoch_plan(self, epoch: int) -> np.ndarray:
+        """Condition positions for the whole epoch, shape (num_batches, num_processes, batch_size)."""
+        rng = np.random.default_rng((self.seed, epoch, 7))
+        chosen = rng.choice(self.dataset_size, size=self.num_conditions, replace=False)
+        plan = rng.permutation(np.repeat(chosen, self.k))
+        return plan.reshape(self.num_batches, self.num_processes, self.batch_size)
+
+    def batch(self, epoch: int, batch_idx: int, rank: int) -> List[int]:
+        return self.epoch_plan(epoch)[batch_idx, rank].tolist()

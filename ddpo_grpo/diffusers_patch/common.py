@@ -1,0 +1,105 @@
+"""Shared helpers for the per-step policy math: Gaussian log densities and batch broadcasting.
+
+Every sampler step in this package is a Gaussian transition
+    p(x_prev | x_t) = N(x_prev; mean, std^2 I),
+so the policy's log-probability of an action is a Gaussian log density. The DDPO convention,
+followed here, is to *average* the per-element log density over all non-batch dimensions
+instead of summing it: the value then does not scale with the image size, which keeps the
+clipping range of the PPO ratio meaningful across resolutions.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+# 0.5 * log(2π), the normalising constant of a unit Gaussian, per element.
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+GeneratorLike = Optional[Union[torch.Generator, List[torch.Generator]]]
+
+
+def expand_to_ndim(values: torch.Tensor, ndim: int) -> torch.Tensor:
+    """View a per-sample tensor so that it broadcasts against a sample with `ndim` dimensions.
+
+    Args:
+        values: shape (B,) (one value per sample) or () (one value for the whole batch).
+        ndim: number of dimensions of the sample it must broadcast with, e.g. 4 for images
+            (B, C, H, W) or 5 for video (B, F, C, H, W).
+
+    Returns:
+        `values` viewed as (B, 1, ..., 1) (or (1, 1, ..., 1) for a 0-d input) with `ndim` dims.
+    """
+    if values.ndim > 1:
+        raise ValueError(f"expected a per-sample tensor of shape (B,) or (), got shape {tuple(values.shape)}")
+    return values.reshape(-1, *([1] * (ndim - 1)))
+
+
+def per_sample(values: Union[int, float, torch.Tensor], batch_size: int, device: torch.device,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Turn a scalar or a per-sample value into a tensor of shape (B,).
+
+    Accepts a Python number, a 0-d tensor, a (1,) tensor or a (B,) tensor, so callers can pass
+    either the same timestep for the whole batch (sampling) or one per sample (training, where
+    the steps of different trajectories are shuffled together).
+    """
+    t = torch.as_tensor(values, device=device, dtype=dtype).reshape(-1)
+    if t.numel() == 1:
+        return t.expand(batch_size)
+    if t.numel() != batch_size:
+        raise ValueError(f"expected one value or {batch_size} per-sample values, got {t.numel()}")
+    return t
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor,
+                      std: Union[torch.Tensor, float]) -> torch.Tensor:
+    """Log density of `x` under N(mean, std^2), averaged over all non-batch dimensions.
+
+    Per element,
+        log N(x; μ, σ²) = -(x - μ)² / (2σ²) - log σ - ½ log(2π),
+    i.e. the fully normalised density (so values are comparable with
+    `torch.distributions.Normal(mean, std).log_prob(x)`).
+
+    Args:
+        x: the action, shape (B, ...) e.g. (B, C, H, W).
+        mean: the transition mean, same shape as `x`.
+        std: the transition standard deviation, broadcastable to `x`: (B, 1, 1, 1), a 0-d
+            tensor, or a float. Must be > 0.
+
+    Returns:
+        Tensor of shape (B,), float32 (the math is done in float32 whatever the input dtype,
+        because bf16 squared differences lose most of their bits).
+    """
+    x = x.float()
+    mean = mean.float()
+    std = torch.as_tensor(std, device=x.device).float()
+    log_prob = -((x - mean) ** 2) / (2.0 * std**2) - torch.log(std) - _HALF_LOG_2PI
+    # `std` may broadcast `log_prob` past x's shape only if it was mis-shaped; guard it so a
+    # wrong-shaped std cannot silently change the batch size.
+    if log_prob.shape != x.shape:
+        raise ValueError(f"std of shape {tuple(std.shape)} does not broadcast to x of shape {tuple(x.shape)}")
+    reduce_dims: Tuple[int, ...] = tuple(range(1, x.ndim))
+    # torch's mean(dim=()) would reduce *every* dim, so a (B,) input is returned as is.
+    return log_prob.mean(dim=reduce_dims) if reduce_dims else log_prob
+
+
+def draw_noise(shape: Sequence[int], generator: GeneratorLike, device: torch.device) -> torch.Tensor:
+    """Standard normal noise of `shape`, float32, drawn like diffusers' `randn_tensor`.
+
+    `generator` may be None, one torch.Generator, or a list of B generators (one per sample,
+    so each sample's noise is reproducible independently of the batch it is drawn in).
+    Noise is drawn in float32 (not the model dtype) so the sampled action does not depend on
+    whether the model runs in bf16.
+    """
+    from diffusers.utils.torch_utils import randn_tensor
+
+    if isinstance(generator, list) and len(generator) not in (1, shape[0]):
+        raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
+    return randn_tensor(tuple(shape), generator=generator, device=device, dtype=torch.float32)
+
+
+def check_positive_std(std: torch.Tensor, message: str) -> None:
+    """Raise ValueError(message) if any per-sample std is zero (or not a positive finite number)."""
+    if not bool(torch.all(torch.isfinite(std) & (std > 0))):
+        raise ValueError(message)

@@ -1,0 +1,114 @@
+"""One denoising step of the policy, shared by sampling and training so both compute exactly the same
+thing: the denoiser forward (with classifier-free guidance), then the scheduler step with its
+log-probability, for either family (DDIM or flow-matching SDE).
+
+Sampling calls it with `prev_sample=None` (draws the next latent); training calls it with the stored
+`prev_sample` (scores it). Same weights, same CFG, same inputs => ratio exactly 1 on-policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Union
+
+import torch
+
+from .ddim_with_logprob import ddim_step_with_logprob
+from .sde_with_logprob import sde_step_with_logprob
+
+
+@dataclass
+class StepResult:
+    prev_sample: torch.Tensor  # (N, C, H, W), the sample's dtype
+    log_prob: torch.Tensor  # (N,) float32
+    mean: torch.Tensor  # (N, C, H, W) float32
+    std: torch.Tensor  # broadcastable to mean, float32
+    model_output: torch.Tensor  # (N, C, H, W) guided denoiser output
+
+
+@dataclass
+class SamplerSettings:
+    """How the policy steps. `eta` is for DDIM; `noise_level`/`sde_type` for flow models."""
+
+    family: str = "ddim"
+    guidance_scale: float = 1.0
+    eta: float = 1.0
+    noise_level: float = 0.7
+    sde_type: str = "sde"
+
+
+def denoiser_output(
+    unet: torch.nn.Module,
+    sample: torch.Tensor,
+    timestep: torch.Tensor,
+    embeds: torch.Tensor,
+    neg_embeds: Optional[torch.Tensor],
+    guidance_scale: float,
+    cond_channels: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Denoiser output with classifier-free guidance.
+
+    sample (N, C, H, W); timestep (N,); embeds/neg_embeds (N, L, D); cond_channels (N, C', H, W) are
+    concatenated to the input channels (image-conditioned models, e.g. recam's source view).
+    With guidance the unconditional and conditional halves run as one batch of 2N, as in diffusers.
+    """
+    x = sample if cond_channels is None else torch.cat([sample, cond_channels.to(sample.dtype)], dim=1)
+    if guidance_scale == 1.0 or neg_embeds is None:
+        return unet(x, timestep, encoder_hidden_states=embeds).sample
+    out = unet(
+        torch.cat([x, x]), torch.cat([timestep, timestep]), encoder_hidden_states=torch.cat([neg_embeds, embeds])
+    ).sample
+    uncond, cond = out.chunk(2)
+    return uncond + guidance_scale * (cond - uncond)
+
+
+def policy_step(
+    unet: torch.nn.Module,
+    scheduler,
+    settings: SamplerSettings,
+    sample: torch.Tensor,
+    timestep: torch.Tensor,
+    step_index: torch.Tensor,
+    embeds: torch.Tensor,
+    neg_embeds: Optional[torch.Tensor] = None,
+    prev_sample: Optional[torch.Tensor] = None,
+    generator: Union[None, torch.Generator, List[torch.Generator]] = None,
+    cond_channels: Optional[torch.Tensor] = None,
+) -> StepResult:
+    """Forward + scheduler step with log-prob. timestep (N,) are the denoiser's timestep values;
+    step_index (N,) index the scheduler's schedule (flow models read sigmas by index)."""
+    out = denoiser_output(unet, sample, timestep, embeds, neg_embeds, settings.guidance_scale, cond_channels)
+    if settings.family == "ddim":
+        prev, logp, mean, std = ddim_step_with_logprob(
+            scheduler, out, timestep, sample, eta=settings.eta, generator=generator,
+            prev_sample=prev_sample, return_mean_std=True,
+        )
+    elif settings.family == "flow":
+        prev, logp, mean, std = sde_step_with_logprob(
+            scheduler, out, step_index, sample, noise_level=settings.noise_level, prev_sample=prev_sample,
+            generator=generator, sde_type=settings.sde_type,
+        )
+    else:
+        raise ValueError(f"unknown model family {settings.family!r}; expected 'ddim' or 'flow'")
+    return StepResult(prev, logp, mean, std, out)
+
+
+def predicted_x0(family: str, scheduler, model_output: torch.Tensor, timestep: torch.Tensor,
+                 step_index: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+    """The denoiser's estimate of the clean sample x̂0 at this step, (N, C, H, W) float32.
+
+    DDIM: from epsilon / v / sample prediction with ᾱ_t. Flow: x̂0 = x − σ v.
+    """
+    x, out = sample.float(), model_output.float()
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    if family == "flow":
+        sigma = scheduler.sigmas.to(x.device)[step_index.long().cpu()].float().view(shape)
+        return x - sigma * out
+    a = scheduler.alphas_cumprod.to(x.device)[timestep.long()].float().view(shape)
+    kind = scheduler.config.prediction_type
+    if kind == "epsilon":
+        return (x - (1 - a).sqrt() * out) / a.sqrt()
+    if kind == "v_prediction":
+        return a.sqrt() * x - (1 - a).sqrt() * out
+    if kind == "sample":
+        return out
+    raise ValueError(f"unsupported prediction_type {kind!r}")

@@ -1,0 +1,112 @@
+"""The GRPO objective: PPO's clipped ratio loss on group-relative advantages, plus an optional KL
+penalty to a reference policy."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+
+KL_TYPES = ("gaussian", "k3")
+
+
+@dataclass
+class KLInputs:
+    """What the KL penalty needs from the reference, per kl_type.
+
+    "gaussian" (two Gaussian steps with the same std): mean (N, ...) is the policy's step mean
+    (with grad), ref_mean (N, ...) the reference's, std the step std, broadcastable to mean
+    (e.g. (N, 1, 1, 1) or a float).
+    "k3" (Schulman's estimator on log-probs): ref_log_prob (N,), the reference's log-prob of the
+    same sampled step.
+    """
+
+    mean: Optional[torch.Tensor] = None
+    ref_mean: Optional[torch.Tensor] = None
+    std: Union[torch.Tensor, float, None] = None
+    ref_log_prob: Optional[torch.Tensor] = None
+
+
+def kl_penalty(log_prob: torch.Tensor, ref: KLInputs, kl_type: str = "gaussian") -> torch.Tensor:
+    """Per-sample KL(policy || reference), shape (N,). The reference side is detached.
+
+    gaussian: mean over non-batch dims of (mean - ref_mean)^2 / (2 std^2), the exact KL of two
+    Gaussians with the same std, averaged (not summed) over dims like the DDPO log-prob.
+    k3: exp(l_ref - l) - (l_ref - l) - 1, with l = log_prob (N,).
+    """
+    if kl_type == "gaussian":
+        if ref.mean is None or ref.ref_mean is None or ref.std is None:
+            raise ValueError("kl_type 'gaussian' needs ref.mean, ref.ref_mean and ref.std")
+        if ref.mean.shape != ref.ref_mean.shape:
+            raise ValueError(f"mean {tuple(ref.mean.shape)} and ref_mean {tuple(ref.ref_mean.shape)} differ")
+        std = torch.as_tensor(ref.std, dtype=ref.mean.dtype, device=ref.mean.device)
+        kl = (ref.mean - ref.ref_mean.detach()) ** 2 / (2 * std ** 2)
+        return kl.reshape(kl.shape[0], -1).mean(dim=1)
+    if kl_type == "k3":
+        if ref.ref_log_prob is None:
+            raise ValueError("kl_type 'k3' needs ref.ref_log_prob")
+        if ref.ref_log_prob.shape != log_prob.shape:
+            raise ValueError(f"ref_log_prob {tuple(ref.ref_log_prob.shape)} and log_prob "
+                             f"{tuple(log_prob.shape)} differ")
+        d = ref.ref_log_prob.detach() - log_prob
+        return torch.exp(d) - d - 1
+    raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
+
+
+def grpo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    adv_clip_max: float = 5.0,
+    ref: Optional[KLInputs] = None,
+    beta: float = 0.0,
+    kl_type: str = "gaussian",
+    clip_range_high: Optional[float] = None,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """Clipped-ratio policy loss plus beta * KL to the reference.
+
+    log_prob (N,) carries the gradient; old_log_prob (N,) and advantages (N,) are detached here.
+    N is samples for one timestep, or samples x timesteps flattened: every element has equal weight.
+    The ratio is clipped to [1 - clip_range, 1 + (clip_range_high or clip_range)].
+    With beta == 0 the reference is not used and ref may be None (kl is then logged if ref is given).
+    Returns (scalar loss, metrics): loss, policy_loss, kl, approx_kl, clipfrac, clipfrac_low,
+    clipfrac_high, ratio_mean, ratio_min, ratio_max, all detached scalars.
+    """
+    if not (log_prob.shape == old_log_prob.shape == advantages.shape):
+        raise ValueError(f"log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} and "
+                         f"advantages {tuple(advantages.shape)} must have one shape")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0 and ref is None:
+        raise ValueError("beta > 0 needs the reference (ref=KLInputs(...))")
+    hi = clip_range if clip_range_high is None else clip_range_high
+    old_log_prob = old_log_prob.detach()
+    adv = torch.clamp(advantages.detach(), -adv_clip_max, adv_clip_max)
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + hi)
+    policy_loss = torch.maximum(unclipped, clipped).mean()
+
+    if ref is not None:
+        kl = kl_penalty(log_prob, ref, kl_type).mean()
+    else:
+        kl = torch.zeros((), dtype=policy_loss.dtype, device=policy_loss.device)
+    loss = policy_loss + beta * kl if beta > 0 else policy_loss
+
+    with torch.no_grad():
+        r = ratio.detach()
+        low, high = (r < 1.0 - clip_range).float().mean(), (r > 1.0 + hi).float().mean()
+        metrics = {
+            "loss": loss.detach(),
+            "policy_loss": policy_loss.detach(),
+            "kl": kl.detach(),
+            "approx_kl": 0.5 * ((log_prob.detach() - old_log_prob) ** 2).mean(),
+            "clipfrac": low + high,
+            "clipfrac_low": low,
+            "clipfrac_high": high,
+            "ratio_mean": r.mean(),
+            "ratio_min": r.min(),
+            "ratio_max": r.max(),
+        }
+    return loss, metrics

@@ -1,0 +1,146 @@
+"""Name -> reward factory lookup: built-ins registered with `@register_reward`, then plugins.
+
+A *reward function* is `fn(images, prompts, metadata) -> (scores, details)` (ddpo-pytorch's
+signature); a *reward plugin* is a factory `make(**kwargs) -> reward function`. Plugins are found
+through the entry-point group ``ddpo_grpo.rewards``, e.g. in a plugin's setup.py::
+
+    entry_points={"ddpo_grpo.rewards": ["my_reward = my_pkg.rewards:make_my_reward"]}
+
+Built-ins win over entry points of the same name.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+from typing import Any, Callable, Dict, List, Optional
+
+ENTRY_POINT_GROUP = "ddpo_grpo.rewards"
+
+RewardFactory = Callable[..., Callable]
+
+
+class ConfigError(ValueError):
+    """A configuration mistake (unknown reward name, missing path, bad option)."""
+
+
+class RewardError(RuntimeError):
+    """A reward factory or reward function failed, or returned something malformed."""
+
+    def __init__(self, message: str, reward_name: Optional[str] = None):
+        super().__init__(message)
+        self.reward_name = reward_name
+
+
+_BUILTINS: Dict[str, RewardFactory] = {}
+
+
+def register_reward(name: str, *, override: bool = False):
+    """Decorator registering `factory(**kwargs) -> reward fn` as the built-in reward `name`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+
+    def deco(factory: RewardFactory) -> RewardFactory:
+        old = _BUILTINS.get(name)
+        if old is not None and old is not factory and not override:
+            raise ValueError(
+                f"reward {name!r} is already registered (by {_describe(old)}); pass override=True to replace it"
+            )
+        _BUILTINS[name] = factory
+        return factory
+
+    return deco
+
+
+def unregister_reward(name: str) -> None:
+    """Remove a built-in registration (mainly for tests); unknown names are ignored."""
+    _BUILTINS.pop(name, None)
+
+
+def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
+    out: Dict[str, importlib.metadata.EntryPoint] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        out.setdefault(ep.name, ep)  # first on sys.path wins, like imports
+    return out
+
+
+def available_rewards() -> List[str]:
+    """Sorted names of every built-in and every installed plugin reward."""
+    return sorted(set(_BUILTINS) | set(_entry_points()))
+
+
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _fail(name: str, exc: BaseException) -> RewardError:
+    return RewardError(f"reward {name!r} failed: {type(exc).__name__}: {exc}", reward_name=name)
+
+
+def get_reward_factory(name: str) -> RewardFactory:
+    """The factory registered as `name` (built-in first, then entry point), not yet called."""
+    if name in _BUILTINS:
+        return _BUILTINS[name]
+    eps = _entry_points()
+    if name not in eps:
+        names = sorted(set(_BUILTINS) | set(eps))
+        raise ConfigError(
+            f"unknown reward {name!r}; available rewards: {', '.join(names) or '(none)'} "
+            f"(plugins register under the entry-point group '{ENTRY_POINT_GROUP}')"
+        )
+    ep = eps[name]
+    try:
+        return ep.load()
+    except Exception as e:
+        raise RewardError(
+            f"reward {name!r} failed: could not load entry point '{ep.name} = {ep.value}': {type(e).__name__}: {e}",
+            reward_name=name,
+        ) from e
+
+
+class RewardFn:
+    """A reward function tagged with its registry name; exceptions are re-raised as `RewardError`."""
+
+    def __init__(self, name: str, fn: Callable, kwargs: Optional[dict] = None):
+        self.name = name
+        self.fn = fn
+        self.kwargs = dict(kwargs or {})
+
+    def __call__(self, images, prompts, metadata):
+        try:
+            return self.fn(images, prompts, metadata)
+        except RewardError:
+            raise
+        except Exception as e:
+            raise _fail(self.name, e) from e
+
+    def __repr__(self) -> str:
+        return f"RewardFn({self.name!r}, {_describe(self.fn)})"
+
+
+def get_reward_fn(name: str, **kwargs) -> RewardFn:
+    """Build the reward `name` with the factory options `kwargs`.
+
+    Raises `ConfigError` for an unknown name (listing the available ones) or options the factory
+    does not accept, and `RewardError` when the factory itself raises.
+    """
+    factory = get_reward_factory(name)
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"reward {name!r}: bad options {sorted(kwargs)}: {e}; signature: {name}{sig}") from e
+    try:
+        fn = factory(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"reward {name!r}: {e}") from e
+    except RewardError:
+        raise
+    except Exception as e:
+        raise _fail(name, e) from e
+    if not callable(fn):
+        raise RewardError(f"reward {name!r} failed: its factory returned {type(fn).__name__}, not a callable", name)
+    return RewardFn(name, fn, kwargs)

@@ -1,0 +1,126 @@
+"""Step 1 of the epoch: sample trajectories with log-probs for this process's share of the epoch's
+conditions, and start their reward computation in the background as each batch finishes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .diffusers_patch.pipeline_with_logprob import encode_prompts, pipeline_with_logprob
+from .diffusers_patch.policy_step import SamplerSettings
+
+
+@dataclass
+class EpochSamples:
+    """This process's samples of one epoch. N samples, T stored steps."""
+
+    latents: torch.Tensor  # (N, T+1, C, H, W)
+    log_probs: torch.Tensor  # (N, T)
+    timesteps: torch.Tensor  # (T,)
+    step_indices: torch.Tensor  # (T,)
+    embeds: torch.Tensor  # (N, L, D)
+    neg_embeds: Optional[torch.Tensor]  # (N, L, D) when CFG is on
+    images: torch.Tensor  # (N, C, H, W) in [0, 1]
+    keys: torch.Tensor  # (N,) long: condition index, the GRPO group key
+    prompts: List[str]
+    metadata: List[Dict[str, Any]]
+    cond_channels: Optional[torch.Tensor] = None  # (N, C', H, W) image conditioning
+    reward_futures: List[Any] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.latents.shape[0]
+
+
+def sde_window(config, epoch: int) -> Optional[tuple]:
+    """(start, size) of the stochastic window for this epoch, identical on every process, or None."""
+    w, T = config.sample.sde_window_size, config.sample.num_steps
+    if not w:
+        return None
+    mode = config.sample.sde_window_mode
+    if mode == "fixed":
+        start = config.sample.sde_window_start
+    elif mode == "random":
+        start = int(np.random.default_rng((config.seed, epoch, 11)).integers(0, T - w + 1))
+    elif mode == "sliding":
+        start = epoch % (T - w + 1)
+    else:
+        raise ValueError(f"unknown sample.sde_window_mode {mode!r}; choose fixed, random or sliding")
+    return (start, w)
+
+
+def sampler_settings(config, family: str) -> SamplerSettings:
+    return SamplerSettings(family=family, guidance_scale=config.sample.guidance_scale, eta=config.sample.eta,
+                           noise_level=config.sample.noise_level, sde_type=config.sample.sde_type)
+
+
+def stack_items(items: List[Dict[str, Any]], device) -> Optional[torch.Tensor]:
+    if "cond_image" not in items[0]:
+        return None
+    return torch.stack([it["cond_image"] for it in items]).to(device)
+
+
+@torch.no_grad()
+def sample_epoch(ctx, epoch: int) -> EpochSamples:
+    """Run this process's sampling batches of `epoch`; rewards are submitted to ctx.rewards as we go."""
+    config, acc = ctx.config, ctx.accelerator
+    unet = ctx.unet
+    unet.eval()
+    settings = sampler_settings(config, ctx.pipe.family)
+    window = sde_window(config, epoch)
+    per_step = config.reward.per_step
+    parts, futures = [], []
+    for b in tqdm(range(config.sample.num_batches_per_epoch), desc=f"epoch {epoch}: sampling",
+                  disable=not acc.is_local_main_process, leave=False):
+        positions = ctx.sampler.batch(epoch, b, acc.process_index)
+        items = [ctx.train_data[p] for p in positions]
+        prompts = [it["prompt"] for it in items]
+        embeds = ctx.encode(prompts)
+        neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
+        gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
+        cond = stack_items(items, acc.device)
+        with acc.autocast():
+            traj = pipeline_with_logprob(
+                unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
+                sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
+                return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond,
+            )
+        metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
+        futures.append(ctx.rewards.submit(traj.images.cpu(), prompts, metadata, x0_images=None if traj.pred_x0 is None
+                                          else traj.pred_x0.cpu(), per_step=per_step,
+                                          num_steps=traj.log_probs.shape[1]))
+        parts.append((traj, embeds, neg, items, prompts, metadata, cond))
+    cat = lambda xs: torch.cat(xs) if xs[0] is not None else None  # noqa: E731
+    return EpochSamples(
+        latents=cat([p[0].latents for p in parts]),
+        log_probs=cat([p[0].log_probs for p in parts]),
+        timesteps=parts[0][0].timesteps,
+        step_indices=parts[0][0].step_indices,
+        embeds=cat([p[1] for p in parts]),
+        neg_embeds=cat([p[2] for p in parts]),
+        images=cat([p[0].images for p in parts]),
+        keys=torch.tensor([it["index"] for p in parts for it in p[3]], dtype=torch.long),
+        prompts=[s for p in parts for s in p[4]],
+        metadata=[m for p in parts for m in p[5]],
+        cond_channels=cat([p[6] for p in parts]),
+        reward_futures=futures,
+    )
+
+
+def collect_rewards(samples: EpochSamples):
+    """Wait for the batches' reward futures and concatenate them into one RewardResult (N,) / (N, T)."""
+    from .rewards import RewardResult
+
+    results = [f.result() for f in samples.reward_futures]
+    cat = lambda d: {k: np.concatenate([r_[k] for r_ in d]) for k in d[0]}  # noqa: E731
+    return RewardResult(
+        avg=np.concatenate([r.avg for r in results]).astype(np.float32),
+        per_fn=cat([r.per_fn for r in results]),
+        details=cat([r.details for r in results]),
+        valid=np.concatenate([r.valid for r in results]),
+        invalid_count=sum(r.invalid_count for r in results),
+        final=np.concatenate([r.final for r in results]).astype(np.float32),
+        final_per_fn=cat([r.final_per_fn for r in results]),
+    )

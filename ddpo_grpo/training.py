@@ -1,0 +1,148 @@
+"""Step 5 of the epoch: the clipped-ratio GRPO update over the epoch's samples and timesteps.
+
+Each process runs exactly the same number of forward/backward calls and optimizer steps whatever its
+mask (excluded samples contribute zero), so DDP never waits on a process that skipped a step.
+Gradients are averaged over samples x trained timesteps within an optimizer step.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+from .diffusers_patch.policy_step import policy_step
+from .loss import KLInputs, grpo_loss
+from .sampling import EpochSamples, sampler_settings
+from .advantages import EpochAdvantages
+
+
+def _zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
+    """A zero with a graph to every parameter: keeps DDP's reducer in step when a call has nothing to train."""
+    return sum(p.reshape(-1)[0] * 0.0 for p in params)
+
+
+def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int):
+    """The epoch's call plan: list of (sample indices (b,), timestep columns (b, S)).
+
+    Samples are shuffled, each sample trains a random subset of round(T * timestep_fraction) of its steps,
+    and S = timesteps_per_call of them are stacked into one forward call of b * S rows.
+    """
+    g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
+    T_train = max(1, int(round(T * config.train.timestep_fraction)))
+    S = max(1, min(int(config.train.timesteps_per_call), T_train))
+    perm = torch.randperm(N, generator=g)
+    tperm = torch.stack([torch.randperm(T, generator=g) for _ in range(N)])[:, :T_train]
+    calls = []
+    for lo in range(0, N, config.train.batch_size):
+        idx = perm[lo:lo + config.train.batch_size]
+        for j in range(0, T_train, S):
+            calls.append((idx, tperm[idx, j:j + S]))
+    calls_per_microbatch = math.ceil(T_train / S)
+    return calls, calls_per_microbatch
+
+
+def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
+    """Run num_inner_epochs passes of the GRPO update. Returns averaged metrics for logging."""
+    config, acc = ctx.config, ctx.accelerator
+    settings = sampler_settings(config, ctx.pipe.family)
+    if not config.train.cfg:
+        settings.guidance_scale = 1.0
+    N, T = samples.log_probs.shape
+    params = [p for p in ctx.unet.parameters() if p.requires_grad]
+    device = acc.device
+    advantages = adv.advantages.to(device)
+    mask = adv.train_mask.to(device)
+    clip_high = config.train.clip_range_high if config.train.clip_range_high >= 0 else None
+    logs: Dict[str, List[float]] = defaultdict(list)
+    ctx.unet.train()
+    for inner in range(config.train.num_inner_epochs):
+        calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index)
+        group = config.train.gradient_accumulation_steps * per_mb
+        for start in range(0, len(calls), group):
+            chunk = calls[start:start + group]
+            for ci, (idx, cols) in enumerate(chunk):
+                last = ci == len(chunk) - 1
+                sync = contextlib.nullcontext() if last else acc.no_sync(ctx.unet)
+                with sync:
+                    loss, m = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
+                    acc.backward(loss / len(chunk))
+                for key, v in m.items():
+                    logs[key].append(v)
+                if inner == 0 and start == 0 and "_ratio_dev" in m:
+                    # No optimizer step has happened yet in this epoch: the policy is the sampling policy.
+                    logs["onpolicy_ratio_max_dev"].append(m["_ratio_dev"])
+            grad_norm = acc.clip_grad_norm_(params, config.train.max_grad_norm)
+            if torch.isfinite(torch.as_tensor(grad_norm)):
+                ctx.optimizer.step()
+                ctx.lr_scheduler.step()
+                ctx.state.global_step += 1
+                if ctx.reference is not None:
+                    ctx.reference.step()
+            else:
+                logs["skipped_steps"].append(1.0)
+            ctx.optimizer.zero_grad(set_to_none=True)
+            logs["grad_norm"].append(float(grad_norm))
+    counts = ("skipped_steps", "nonfinite_loss")
+    out = {k: float(np.mean(v)) for k, v in logs.items() if k not in counts and not k.startswith("_")}
+    if "onpolicy_ratio_max_dev" in logs:
+        out["onpolicy_ratio_max_dev"] = float(np.max(logs["onpolicy_ratio_max_dev"]))
+    for k in counts:
+        out[k] = float(sum(logs.get(k, [])))
+    out["lr"] = ctx.lr_scheduler.get_last_lr()[0]
+    return out
+
+
+def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params):
+    """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows."""
+    config, acc = ctx.config, ctx.accelerator
+    device = acc.device
+    b, S = cols.shape
+    rows = idx.repeat_interleave(S)
+    c = cols.reshape(-1)
+    x = samples.latents[rows, c].to(device)
+    nxt = samples.latents[rows, c + 1].to(device)
+    t = samples.timesteps[c].to(device)
+    si = samples.step_indices[c]
+    emb = samples.embeds[rows].to(device)
+    neg = samples.neg_embeds[rows].to(device) if samples.neg_embeds is not None and settings.guidance_scale != 1.0 else None
+    cond = samples.cond_channels[rows].to(device) if samples.cond_channels is not None else None
+    old = samples.log_probs[rows, c].to(device)
+    a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
+    keep = mask[rows.to(device)]
+    ref_res = None
+    if config.train.beta > 0:
+        # The reference is swapped into the policy's parameters in place, so its forward must come
+        # before the policy forward whose graph we backpropagate.
+        with torch.no_grad(), ctx.reference.swapped(), acc.autocast():
+            ref_res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
+                                  cond_channels=cond)
+    with acc.autocast():
+        res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt, cond_channels=cond)
+    ref = None
+    if ref_res is not None:
+        ref = KLInputs(mean=res.mean[keep], ref_mean=ref_res.mean[keep], std=res.std[keep] if res.std.ndim else res.std,
+                       ref_log_prob=ref_res.log_prob[keep])
+    metrics = {}
+    if keep.any():
+        loss, m = grpo_loss(res.log_prob[keep], old[keep], a[keep], config.train.clip_range,
+                            adv_clip_max=config.train.adv_clip_max, ref=ref, beta=config.train.beta,
+                            kl_type=config.train.kl_type, clip_range_high=clip_high)
+        metrics = {k: float(v) for k, v in m.items()}
+        metrics["loss"] = loss.item()
+        # exp(logp - logp_old) of every kept row: before the first optimizer step these must all be 1.
+        metrics["_ratio_dev"] = float((res.log_prob[keep].detach() - old[keep]).abs().max().exp() - 1)
+    else:
+        loss = _zero_loss(params)
+    if ctx.supervised is not None:
+        sup = ctx.supervised.loss(ctx.unet, ctx.state.epoch)
+        if sup is not None:
+            loss = loss + sup[0]
+            metrics["loss_sup"] = float(sup[1])
+    if not torch.isfinite(loss):
+        metrics = {"nonfinite_loss": 1.0}
+        loss = _zero_loss(params)
+    return loss, metrics

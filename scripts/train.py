@@ -1,0 +1,120 @@
+"""ddpo_grpo trainer: one script for every model and config.
+
+    accelerate launch scripts/train.py --config config/grpo.py:tiny [--config.train.beta=0.01 ...]
+
+config -> build -> epoch loop: sample, rewards, advantages, verify, train, log, eval, checkpoint.
+"""
+import datetime
+import os
+import sys
+import time
+
+os.environ.setdefault("WANDB_MODE", "offline")  # runs need no account or network unless the user says so
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", "config/grpo.py:tiny", "Training configuration (file:NAME).")
+
+
+def main(_):
+    from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
+
+    try:
+        run(FLAGS.config)
+    except (ConfigError, VerificationError, InvalidRewardError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(config):
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+
+    from ddpo_grpo import devices
+    from ddpo_grpo.advantages import compute_advantages
+    from ddpo_grpo.build import build_context, validate_config
+    from ddpo_grpo.checkpointing import load_checkpoint, save_checkpoint
+    from ddpo_grpo.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
+    from ddpo_grpo.sampling import collect_rewards, sample_epoch
+    from ddpo_grpo.training import train_epoch
+    from ddpo_grpo.verification import verify_groups
+
+    devices.setup()
+    num_processes = int(os.environ.get("WORLD_SIZE", "1"))
+    family = validate_config(config, num_processes)  # one clear line before any heavy work
+    name = config.run_name or f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
+    run_dir = os.path.join(config.logdir, name)
+    if config.dry_run:
+        print(f"config OK: {num_processes} processes x {config.sample.batch_size} x {config.sample.num_batches_per_epoch}"
+              f" = {num_processes * config.sample.batch_size * config.sample.num_batches_per_epoch} samples/epoch, "
+              f"k={config.sample.k}, model family {family}; dry run, stopping before loading models")
+        return
+    trackers = [t for t, on in (("wandb", config.logging.wandb), ("tensorboard", config.logging.tensorboard)) if on]
+    accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers or None,
+                              project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
+    torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
+    set_seed(config.seed, device_specific=True)
+    if accelerator.is_main_process:
+        os.makedirs(run_dir, exist_ok=True)
+        accelerator.init_trackers(config.logging.wandb_project, config=flat_config(config),
+                                  init_kwargs={"wandb": {"name": name, "dir": run_dir}})
+    ctx = build_context(config, accelerator, run_dir)
+    if config.resume_from:
+        ckpt = load_checkpoint(ctx, config.resume_from, family)
+        accelerator.print(f"resumed from {ckpt} at epoch {ctx.state.epoch}")
+    t_start = time.time()
+    for epoch in range(ctx.state.epoch, config.num_epochs):
+        timer = PhaseTimer()
+        ctx.tracker.clear()
+        with timer("sampling"):
+            samples = sample_epoch(ctx, epoch)  # 1. trajectories + logprobs; rewards start in a thread pool
+        with timer("reward"):
+            rewards = collect_rewards(samples)  # 2. weighted `avg` (B,) or (B, T), details, validity
+        with timer("advantages"):
+            adv = compute_advantages(accelerator, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+                                     torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)  # 3.
+        with timer("verification"):
+            checks, table = verify_groups(adv.keys_all, adv.advantages_all, adv.mask_all, adv.rewards_all,
+                                          config.sample.k, config.tracker.std_mode, bool(config.tracker.buffer_size))
+            accelerator.print(f"epoch {epoch}: " + table)  # 4. exact k per condition, group mean 0 / std 1
+        with timer("training"):
+            train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)
+        ctx.state.epoch = epoch + 1
+        eval_metrics = {}
+        if config.eval_freq and (epoch % config.eval_freq == 0 or epoch == config.num_epochs - 1):
+            with timer("eval"):
+                eval_metrics = evaluate_and_log(ctx, epoch)  # 7. deterministic, held-out, fixed seeds
+        with timer("logging"):
+            log_epoch(ctx, epoch, samples, rewards, adv, checks, train_metrics, eval_metrics, timer)  # 6.
+        if config.save_freq and (ctx.state.epoch % config.save_freq == 0 or ctx.state.epoch == config.num_epochs):
+            with timer("checkpoint"):
+                save_checkpoint(ctx, family)  # 8. atomic; every process takes part
+    finish(ctx, time.time() - t_start)
+
+
+def flat_config(config) -> dict:
+    """Dotted keys and scalar values: what TensorBoard's hparams and wandb's config panel can show."""
+    out = {}
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
+
+    walk(config.to_dict(), "")
+    return out
+
+
+def config_name() -> str:
+    spec = next((a for a in sys.argv if a.startswith("--config=") or ".py:" in a), "grpo.py:tiny")
+    return spec.split(":")[-1] if ":" in spec else "run"
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,396 @@
+"""Reward registry, plugins, built-in rewards and the weighted/per-step combiner."""
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ddpo_grpo.rewards import (
+    ConfigError,
+    RewardComputer,
+    RewardError,
+    RewardResult,
+    available_rewards,
+    get_reward_fn,
+    make_toyworld_reward,
+    register_reward,
+    unregister_reward,
+)
+from ddpo_grpo.toyworld import all_conditions, render
+
+BUILTINS = ("aesthetic", "jpeg_compressibility", "jpeg_incompressibility", "toyworld")
+
+
+# ----------------------------------------------------------------------------- test rewards
+@pytest.fixture
+def test_rewards():
+    """Tiny registered rewards with known outputs; unregistered afterwards."""
+    names = []
+
+    def reg(name, factory):
+        register_reward(name)(factory)
+        names.append(name)
+
+    def make_a():
+        return lambda images, prompts, metadata: (
+            np.array([1.0, 2.0, 3.0], np.float32)[: len(images)],
+            {"hits": np.array([1.0, 0.0, 1.0], np.float32)[: len(images)]},
+        )
+
+    def make_b():
+        return lambda images, prompts, metadata: (np.array([10.0, 20.0, 30.0], np.float32)[: len(images)], {})
+
+    def make_mean_pixel():  # deterministic: mean pixel value of each image
+        return lambda images, prompts, metadata: (images.flatten(1).mean(1).numpy().astype(np.float32), {})
+
+    def make_nan_second():
+        return lambda images, prompts, metadata: (np.array([0.5, np.nan, 0.5], np.float32)[: len(images)], {})
+
+    def make_wrong_length():
+        return lambda images, prompts, metadata: (np.zeros(len(images) + 1, np.float32), {})
+
+    def make_strings():
+        return lambda images, prompts, metadata: (np.array(["good"] * len(images), dtype=object), {})
+
+    def make_raises_in_factory(x=1):
+        return 1 / 0
+
+    def make_raises_in_call():
+        def fn(images, prompts, metadata):
+            raise KeyError("condition")
+        return fn
+
+    reg("t_a", make_a)
+    reg("t_b", make_b)
+    reg("t_mean_pixel", make_mean_pixel)
+    reg("t_nan_second", make_nan_second)
+    reg("t_wrong_length", make_wrong_length)
+    reg("t_strings", make_strings)
+    reg("t_factory_raises", make_raises_in_factory)
+    reg("t_call_raises", make_raises_in_call)
+    yield
+    for n in names:
+        unregister_reward(n)
+
+
+def _imgs(b=3, value=0.5, c=3, hw=8):
+    return torch.full((b, c, hw, hw), value)
+
+
+# ----------------------------------------------------------------------------- registry
+def test_available_lists_builtins():
+    names = available_rewards()
+    assert set(BUILTINS) <= set(names)
+    assert names == sorted(names)
+
+
+def test_unknown_name_lists_available():
+    with pytest.raises(ConfigError) as ei:
+        get_reward_fn("no_such_reward")
+    msg = str(ei.value)
+    assert isinstance(ei.value, ValueError)
+    assert "no_such_reward" in msg and "\n" not in msg
+    for name in available_rewards():
+        assert name in msg
+
+
+def test_factory_and_call_errors_name_the_plugin(test_rewards):
+    with pytest.raises(RewardError, match=r"^reward 't_factory_raises' failed: ZeroDivisionError: division by zero$") as ei:
+        get_reward_fn("t_factory_raises")
+    assert isinstance(ei.value.__cause__, ZeroDivisionError)
+    fn = get_reward_fn("t_call_raises")
+    with pytest.raises(RewardError, match=r"reward 't_call_raises' failed: KeyError: 'condition'"):
+        fn(_imgs(), [""] * 3, [{}] * 3)
+
+
+def test_bad_factory_option_is_config_error(test_rewards):
+    with pytest.raises(ConfigError, match="t_a"):
+        get_reward_fn("t_a", nonsense=3)
+
+
+def test_duplicate_registration_refused(test_rewards):
+    with pytest.raises(ValueError, match="already registered"):
+        register_reward("t_a")(lambda: None)
+
+
+def test_toyworld_entry_point_declared():
+    eps = {ep.name: ep for ep in importlib.metadata.entry_points(group="ddpo_grpo.rewards")}
+    assert eps["toyworld"].load() is make_toyworld_reward
+
+
+PLUGIN_SRC = textwrap.dedent(
+    """
+    import numpy as np
+
+    def make(value=0.5):
+        def constant(images, prompts, metadata):
+            return np.full(len(images), value, dtype=np.float32), {"ones": np.ones(len(images), np.float32)}
+        return constant
+
+    def make_broken():
+        raise ZeroDivisionError("plugin exploded")
+    """
+)
+
+
+def test_entry_point_plugin_discovered(tmp_path, monkeypatch):
+    (tmp_path / "my_reward_plugin.py").write_text(PLUGIN_SRC)
+    info = tmp_path / "my_reward_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my_reward_plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[ddpo_grpo.rewards]\nconstant_half = my_reward_plugin:make\nbroken_plugin = my_reward_plugin:make_broken\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "constant_half" in available_rewards()
+        fn = get_reward_fn("constant_half")
+        scores, details = fn(_imgs(4), [""] * 4, [{}] * 4)
+        np.testing.assert_array_equal(scores, np.full(4, 0.5, np.float32))
+        assert get_reward_fn("constant_half", value=0.25)(_imgs(2), ["", ""], [{}, {}])[0].tolist() == [0.25, 0.25]
+        with pytest.raises(RewardError, match=r"reward 'broken_plugin' failed: ZeroDivisionError: plugin exploded"):
+            get_reward_fn("broken_plugin")
+        res = RewardComputer({"constant_half": 2.0})(_imgs(2), ["", ""], [{}, {}])
+        np.testing.assert_array_equal(res.avg, [1.0, 1.0])
+        assert list(res.details) == ["constant_half/ones"]
+    finally:
+        sys.modules.pop("my_reward_plugin", None)
+    monkeypatch.undo()
+    assert "constant_half" not in available_rewards()
+
+
+# ----------------------------------------------------------------------------- jpeg
+def test_jpeg_sign_convention_and_values():
+    rng = np.random.default_rng(0)
+    flat = torch.full((1, 3, 32, 32), 0.5)
+    noise = torch.from_numpy(rng.random((1, 3, 32, 32), dtype=np.float32))
+    images = torch.cat([flat, noise])
+    comp, det = get_reward_fn("jpeg_compressibility")(images, ["", ""], [{}, {}])
+    incomp, _ = get_reward_fn("jpeg_incompressibility")(images, ["", ""], [{}, {}])
+    assert comp.dtype == np.float32 and comp.shape == (2,)
+    assert comp[0] > comp[1]  # flat is more compressible
+    assert incomp[1] > incomp[0]
+    assert (comp < 0).all() and (incomp > 0).all()
+    np.testing.assert_array_equal(comp, -incomp)
+    np.testing.assert_array_equal(det["jpeg_kb"], incomp)
+    # size of the noise image computed by hand: uint8 HWC, JPEG quality 95, bytes / 1000
+    arr = (noise[0] * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", quality=95)
+    assert incomp[1] == pytest.approx(len(buf.getvalue()) / 1000, abs=1e-6)
+
+
+def test_jpeg_rejects_video_and_marks_nan():
+    fn = get_reward_fn("jpeg_compressibility")
+    with pytest.raises(RewardError, match="video"):
+        fn(torch.zeros(2, 4, 3, 8, 8), ["", ""], [{}, {}])
+    x = torch.zeros(2, 3, 8, 8)
+    x[1, 0, 0, 0] = float("nan")
+    scores, _ = fn(x, ["", ""], [{}, {}])
+    assert np.isfinite(scores[0]) and np.isnan(scores[1])
+
+
+# ----------------------------------------------------------------------------- toyworld
+def _toyworld_truth():
+    # Every single-object condition, plus pairs without circles (canonical, un-jittered renders).
+    conds = all_conditions()
+    pairs = [c for c in conds[72:] if "circle" not in (c.obj.shape, c.other.shape)][::40]
+    picked = conds[:72:5] + pairs
+    images = torch.from_numpy(np.stack([render(c) for c in picked]))
+    return picked, images
+
+
+def test_toyworld_ground_truth_scores_one_and_noise_low():
+    conds, images = _toyworld_truth()
+    fn = get_reward_fn("toyworld")
+    meta = [{"index": i, "condition": c} for i, c in enumerate(conds)]
+    scores, details = fn(images, [c.prompt() for c in conds], meta)
+    assert scores.dtype == np.float32 and scores.shape == (len(conds),)
+    np.testing.assert_array_equal(scores, np.ones(len(conds), np.float32))
+    assert set(details) == {"color_accuracy", "shape_accuracy", "position_accuracy", "strict_accuracy"}
+    for v in details.values():
+        np.testing.assert_array_equal(v, np.ones(len(conds)))
+
+    noise = torch.from_numpy(np.random.default_rng(0).random(images.shape, dtype=np.float32))
+    scores, details = fn(noise, [c.prompt() for c in conds], meta)
+    assert scores.mean() < 0.2
+    for v in details.values():
+        assert v.shape == (len(conds),) and set(np.unique(v)) <= {0.0, 1.0}
+    assert details["strict_accuracy"].sum() == 0
+
+
+def test_toyworld_details_are_per_sample_0_1():
+    cond = all_conditions()[0]  # a red square on the left
+    wrong = [c for c in all_conditions()[:72] if c.obj.color != cond.obj.color and c.obj.shape == cond.obj.shape
+             and c.place == cond.place][0]
+    img = torch.from_numpy(render(cond))[None].repeat(2, 1, 1, 1)
+    scores, det = get_reward_fn("toyworld")(img, ["", ""], [{"condition": cond}, {"condition": wrong}])
+    np.testing.assert_allclose(scores, [1.0, 2 / 3], rtol=1e-6)
+    np.testing.assert_array_equal(det["color_accuracy"], [1, 0])
+    np.testing.assert_array_equal(det["shape_accuracy"], [1, 1])
+    np.testing.assert_array_equal(det["strict_accuracy"], [1, 0])
+
+
+def test_toyworld_needs_condition():
+    with pytest.raises(RewardError, match=r"metadata\[0\]\['condition'\]"):
+        get_reward_fn("toyworld")(torch.zeros(1, 3, 32, 32), [""], [{"index": 3}])
+
+
+# ----------------------------------------------------------------------------- aesthetic
+def test_aesthetic_missing_paths_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="clip_model_path"):
+        get_reward_fn("aesthetic")
+    with pytest.raises(ConfigError, match="mlp_path"):
+        get_reward_fn("aesthetic", clip_model_path=str(tmp_path))
+    with pytest.raises(ConfigError, match="not an existing folder"):
+        get_reward_fn("aesthetic", clip_model_path=str(tmp_path / "nope"), mlp_path="x.pth")
+
+
+def test_aesthetic_tiny_clip_offline(tmp_path, monkeypatch):
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    from ddpo_grpo.rewards import AestheticMLP
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    embed_dim = 16
+    cfg = CLIPConfig(
+        text_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=64, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=embed_dim,
+    )
+    clip_dir = tmp_path / "clip"
+    CLIPModel(cfg).save_pretrained(clip_dir)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(clip_dir)
+    mlp_path = tmp_path / "mlp.pth"
+    torch.save(AestheticMLP(embed_dim).state_dict(), mlp_path)
+
+    fn = get_reward_fn("aesthetic", clip_model_path=str(clip_dir), mlp_path=str(mlp_path), embed_dim=embed_dim,
+                       batch_size=2)
+    images = torch.rand(3, 3, 40, 40)
+    scores, details = fn(images, [""] * 3, [{}] * 3)
+    assert scores.shape == (3,) and scores.dtype == np.float32 and np.isfinite(scores).all()
+    assert details == {}
+    again, _ = fn(images, [""] * 3, [{}] * 3)
+    np.testing.assert_allclose(scores, again, rtol=1e-5, atol=1e-6)  # eval mode: dropout off
+    with pytest.raises(ConfigError, match="embed_dim"):
+        get_reward_fn("aesthetic", clip_model_path=str(clip_dir), mlp_path=str(mlp_path), embed_dim=768)
+
+
+# ----------------------------------------------------------------------------- combine
+def test_weighted_avg_exact_and_details_separate(test_rewards):
+    comp = RewardComputer({"t_a": 2.0, "t_b": -1.0})
+    res = comp(_imgs(3), [""] * 3, [{}] * 3)
+    assert isinstance(res, RewardResult)
+    np.testing.assert_array_equal(res.avg, np.array([-8.0, -16.0, -24.0], np.float32))
+    assert res.avg.dtype == np.float32
+    np.testing.assert_array_equal(res.per_fn["t_a"], [1, 2, 3])
+    np.testing.assert_array_equal(res.per_fn["t_b"], [10, 20, 30])
+    assert list(res.details) == ["t_a/hits"]
+    np.testing.assert_array_equal(res.details["t_a/hits"], [1, 0, 1])
+    np.testing.assert_array_equal(res.valid, [True, True, True])
+    assert res.invalid_count == 0
+    np.testing.assert_array_equal(res.final, res.avg)
+    s = res.summary()
+    assert s["reward_mean"] == pytest.approx(-16.0) and s["t_a/hits"] == pytest.approx(2 / 3)
+
+
+def test_per_step_modes_on_hand_made_trajectory(test_rewards):
+    # B=2, T=3, constant images so the mean pixel value is the score.
+    steps = np.array([[0.1, 0.4, 0.3], [0.5, 0.5, 0.9]], np.float32)
+    x0 = torch.from_numpy(steps)[:, :, None, None, None].expand(2, 3, 3, 4, 4).contiguous()
+    final = torch.from_numpy(np.array([0.3, 0.9], np.float32))[:, None, None, None].expand(2, 3, 4, 4)
+    comp = RewardComputer({"t_mean_pixel": 1.0})
+    args = (final, ["", ""], [{}, {}])
+
+    res = comp(*args, per_step="none")
+    assert res.avg.shape == (2,)
+    np.testing.assert_allclose(res.avg, [0.3, 0.9], rtol=1e-6)
+
+    res = comp(*args, per_step="broadcast", num_steps=3)
+    assert res.avg.shape == (2, 3)
+    np.testing.assert_allclose(res.avg, [[0.3] * 3, [0.9] * 3], rtol=1e-6)
+
+    res = comp(*args, x0_images=x0, per_step="x0")
+    assert res.avg.shape == (2, 3) and res.per_fn["t_mean_pixel"].shape == (2, 3)
+    np.testing.assert_allclose(res.avg, steps, rtol=1e-6)
+    np.testing.assert_allclose(res.final, [0.3, 0.9], rtol=1e-6)
+
+    res = comp(*args, x0_images=x0, per_step="x0_gain")
+    np.testing.assert_allclose(res.avg, [[0.1, 0.3, -0.1], [0.5, 0.0, 0.4]], atol=1e-6)
+    np.testing.assert_allclose(res.avg.cumsum(1), steps, atol=1e-6)  # gains telescope to the x0 scores
+    np.testing.assert_allclose(res.per_fn["t_mean_pixel"], steps, rtol=1e-6)  # raw scores, not gains
+
+    # weights scale per-step rewards too
+    res = RewardComputer({"t_mean_pixel": -2.0})(*args, x0_images=x0, per_step="x0_gain")
+    np.testing.assert_allclose(res.avg, -2 * np.array([[0.1, 0.3, -0.1], [0.5, 0.0, 0.4]]), atol=1e-6)
+
+    with pytest.raises(ValueError, match="x0_images"):
+        comp(*args, per_step="x0")
+    with pytest.raises(ValueError, match="num_steps"):
+        comp(*args, per_step="broadcast")
+    with pytest.raises(ConfigError, match="per_step"):
+        comp(*args, per_step="dense")
+
+
+def test_nan_marks_sample_invalid(test_rewards):
+    res = RewardComputer({"t_a": 1.0, "t_nan_second": 1.0})(_imgs(3), [""] * 3, [{}] * 3)
+    np.testing.assert_array_equal(res.valid, [True, False, True])
+    assert res.invalid_count == 1
+    assert np.isnan(res.avg[1]) and np.isnan(res.final[1])
+    np.testing.assert_allclose(res.avg[[0, 2]], [1.5, 3.5])
+    assert res.summary()["reward_mean"] == pytest.approx(2.5)  # over valid samples only
+
+    res = RewardComputer({"t_nan_second": 1.0})(_imgs(3), [""] * 3, [{}] * 3, per_step="broadcast", num_steps=2)
+    assert np.isnan(res.avg[1]).all() and np.isfinite(res.avg[[0, 2]]).all()
+
+
+def test_wrong_length_and_dtype_are_errors(test_rewards):
+    with pytest.raises(RewardError, match=r"reward 't_wrong_length' returned scores of shape \(4,\); expected \(3,\)"):
+        RewardComputer({"t_wrong_length": 1.0})(_imgs(3), [""] * 3, [{}] * 3)
+    with pytest.raises(RewardError, match=r"reward 't_strings' returned scores of dtype object"):
+        RewardComputer({"t_strings": 1.0})(_imgs(3), [""] * 3, [{}] * 3)
+
+
+def test_computer_config_errors(test_rewards):
+    with pytest.raises(ConfigError, match="available rewards"):
+        RewardComputer({"t_a": 1.0, "missing_reward": 1.0})
+    with pytest.raises(ConfigError, match="finite"):
+        RewardComputer({"t_a": float("nan")})
+    with pytest.raises(ConfigError, match="t_b"):
+        RewardComputer({"t_a": 1.0}, fn_kwargs={"t_b": {}})
+
+
+def test_executor_submit_matches_call(test_rewards):
+    comp_sync = RewardComputer({"t_a": 2.0, "t_mean_pixel": 1.0})
+    images = torch.rand(3, 3, 4, 4)
+    expected = comp_sync(images, [""] * 3, [{}] * 3)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        comp = RewardComputer({"t_a": 2.0, "t_mean_pixel": 1.0}, executor=ex)
+        fut = comp.submit(images, [""] * 3, [{}] * 3)
+        images.zero_()  # the caller reuses its buffer; the submitted batch was cloned
+        got = fut.result(timeout=10)
+    np.testing.assert_array_equal(got.avg, expected.avg)
+    np.testing.assert_array_equal(got.valid, expected.valid)
+    assert got.details.keys() == expected.details.keys()
+    # without an executor submit returns a finished future; errors surface from .result()
+    fut = RewardComputer({"t_wrong_length": 1.0}).submit(_imgs(3), [""] * 3, [{}] * 3)
+    assert fut.done()
+    with pytest.raises(RewardError):
+        fut.result()
+
+
+def test_toyworld_through_computer():
+    conds, images = _toyworld_truth()
+    res = RewardComputer({"toyworld": 1.0})(images, [c.prompt() for c in conds], [{"condition": c} for c in conds])
+    np.testing.assert_array_equal(res.avg, np.ones(len(conds), np.float32))
+    assert res.summary()["toyworld/strict_accuracy"] == 1.0

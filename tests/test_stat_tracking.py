@@ -1,0 +1,161 @@
+import io
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from ddpo_grpo.stat_tracking import PerPromptStatTracker
+
+
+def test_group_mode_per_column_mean0_std1_random():
+    rng = np.random.default_rng(0)
+    k, n_keys, T = 4, 6, 5
+    keys = [f"p{i}" for i in range(n_keys) for _ in range(k)]
+    order = rng.permutation(len(keys))  # groups need not be contiguous
+    keys = [keys[i] for i in order]
+    rewards = rng.normal(size=(len(keys), T))
+    tracker = PerPromptStatTracker()
+    adv = tracker.update(keys, torch.from_numpy(rewards))
+    assert adv.shape == (24, T) and adv.dtype == np.float32
+    for key in set(keys):
+        a = adv[[i for i, kk in enumerate(keys) if kk == key]].astype(np.float64)
+        np.testing.assert_allclose(a.mean(0), 0.0, atol=1e-6)
+        np.testing.assert_allclose(a.std(0), 1.0, atol=1e-6)
+    assert tracker.check(group_size=k) == []
+    stats = tracker.get_stats()
+    assert stats["group_size"] == 4.0 and stats["trained_prompt_num"] == 6 and stats["zero_std_ratio"] == 0.0
+
+
+def test_zero_std_group_is_exactly_zero_in_every_mode():
+    keys = ["a"] * 3 + ["b"] * 3
+    rewards = np.array([0.1, 0.1, 0.1, 0.0, 1.0, 2.0])  # 0.1 is not exact in binary: mean has rounding noise
+    for mode in ("group", "global", "none"):
+        adv = PerPromptStatTracker(std_mode=mode).update(keys, rewards)
+        assert np.all(adv[:3] == 0.0), mode
+        assert np.all(np.isfinite(adv))
+    # A batch that is constant everywhere also gives zeros (and no NaN) in running mode.
+    adv = PerPromptStatTracker(std_mode="running").update(keys, np.full(6, 0.3))
+    assert np.all(adv == 0.0)
+
+
+def test_four_std_modes_by_hand():
+    keys = ["a", "a", "b", "b"]
+    r = np.array([1.0, 2.0, 3.0, 4.0])
+    # Group means 1.5, 3.5; group (population) stds 0.5; batch mean 2.5, batch std sqrt(1.25).
+    expected = {
+        "group": [-1.0, 1.0, -1.0, 1.0],
+        "global": [-0.5 / math.sqrt(1.25), 0.5 / math.sqrt(1.25), -0.5 / math.sqrt(1.25), 0.5 / math.sqrt(1.25)],
+        "none": [-0.5, 0.5, -0.5, 0.5],
+        # First call: the running stats are the batch's: (r - 2.5) / sqrt(1.25).
+        "running": [(x - 2.5) / math.sqrt(1.25) for x in r],
+    }
+    for mode, exp in expected.items():
+        adv = PerPromptStatTracker(std_mode=mode).update(keys, r)
+        np.testing.assert_allclose(adv, exp, rtol=1e-6, err_msg=mode)
+
+
+def test_running_mode_second_call_mixes_by_ema():
+    tracker = PerPromptStatTracker(std_mode="running", ema_decay=0.9)
+    tracker.update(["a", "a"], np.array([0.0, 2.0]))      # mean 1, var 1
+    adv = tracker.update(["b", "b"], np.array([4.0, 6.0]))  # batch mean 5, var 1
+    # mean = 0.9*1 + 0.1*5 = 1.4; var = 0.9*1 + 0.1*1 + 0.9*0.1*(5-1)^2 = 1 + 1.44 = 2.44
+    np.testing.assert_allclose(adv, [(4 - 1.4) / math.sqrt(2.44), (6 - 1.4) / math.sqrt(2.44)], rtol=1e-6)
+    stats = tracker.get_stats()
+    assert stats["running_mean"] == pytest.approx(1.4) and stats["running_std"] == pytest.approx(math.sqrt(2.44))
+
+
+def test_buffer_history_and_min_count_fallback():
+    tracker = PerPromptStatTracker(buffer_size=4, min_count=3)
+    # Epoch 1: 'a' has 2 rewards < min_count -> batch stats: mean 2.5, std sqrt(1.25).
+    adv1 = tracker.update(["a", "a", "b", "b"], np.array([1.0, 2.0, 3.0, 4.0]))
+    s = math.sqrt(1.25)
+    np.testing.assert_allclose(adv1, [(1 - 2.5) / s, (2 - 2.5) / s, (3 - 2.5) / s, (4 - 2.5) / s], rtol=1e-6)
+    tracker.clear()  # new epoch: the history survives
+    # Epoch 2: history a = [1, 2, 5, 7] (4 >= 3): mean 3.75, std sqrt(((-2.75)^2+(-1.75)^2+1.25^2+3.25^2)/4)
+    # 'c' is new with 1 reward -> batch stats of [5, 7, 10]: mean 22/3.
+    adv2 = tracker.update(["a", "a", "c"], np.array([5.0, 7.0, 10.0]))
+    hist = np.array([1.0, 2.0, 5.0, 7.0])
+    batch = np.array([5.0, 7.0, 10.0])
+    np.testing.assert_allclose(adv2[:2], (np.array([5.0, 7.0]) - hist.mean()) / hist.std(), rtol=1e-6)
+    np.testing.assert_allclose(adv2[2], (10 - batch.mean()) / batch.std(), rtol=1e-6)
+    # Epoch 3: the deque keeps the last 4 rewards: [5, 7, 0, 1] after two more.
+    adv3 = tracker.update(["a", "a"], np.array([0.0, 1.0]))
+    hist = np.array([5.0, 7.0, 0.0, 1.0])
+    np.testing.assert_allclose(adv3, (np.array([0.0, 1.0]) - hist.mean()) / hist.std(), rtol=1e-6)
+    assert list(tracker.history["a"]) == [5.0, 7.0, 0.0, 1.0]
+
+
+def test_stats_on_hand_made_batch_zero_std_per_column():
+    # Group a: column 0 constant (2, 2), column 1 varies. Group b: both vary.
+    rewards = np.array([[2.0, 0.0], [2.0, 1.0], [0.0, 0.0], [1.0, 3.0]])
+    tracker = PerPromptStatTracker()
+    adv = tracker.update(["a", "a", "b", "b"], rewards)
+    np.testing.assert_array_equal(adv[:2, 0], [0.0, 0.0])
+    np.testing.assert_allclose(adv[:2, 1], [-1.0, 1.0])
+    np.testing.assert_allclose(adv[2:], [[-1.0, -1.0], [1.0, 1.0]])
+    stats = tracker.get_stats()
+    assert stats["group_size"] == 2.0
+    assert stats["trained_prompt_num"] == 2 and stats["trained_prompt_num_total"] == 2
+    assert stats["zero_std_ratio"] == 0.25  # 1 of 2 groups x 2 columns; flattened group a would hide it
+    # Per-(group, column) stds: a: 0, 0.5; b: 0.5, 1.5.
+    assert stats["reward_std_mean"] == pytest.approx((0 + 0.5 + 0.5 + 1.5) / 4)
+    a, b = stats["groups"]
+    assert a["key"] == "a" and a["n"] == 2 and a["columns"] == 2 and a["zero_std_columns"] == 1
+    assert a["reward_mean"] == pytest.approx(1.25) and a["reward_std"] == pytest.approx(0.25)
+    assert a["adv_mean"] == 0.0 and a["adv_std"] == pytest.approx(0.5)  # columns: std 0 and 1
+    assert b["zero_std_columns"] == 0 and b["adv_std"] == pytest.approx(1.0)
+    assert tracker.check(group_size=2) == []
+    assert tracker.check(group_size=3) != []
+
+    tracker.clear()
+    tracker.update(["c", "c"], np.array([[0.0, 1.0], [1.0, 1.0]]))
+    stats = tracker.get_stats()
+    assert stats["trained_prompt_num"] == 1 and stats["trained_prompt_num_total"] == 3
+    assert stats["zero_std_ratio"] == 0.5
+
+
+def test_tuple_and_numpy_keys():
+    keys = [(0, 1.5), (0, 1.5), (np.int64(0), 2.5), (0, np.float64(2.5))]
+    tracker = PerPromptStatTracker()
+    adv = tracker.update(keys, np.array([1.0, 3.0, 5.0, 4.0]))
+    np.testing.assert_allclose(adv, [-1.0, 1.0, 1.0, -1.0])
+    assert [row["key"] for row in tracker.get_stats()["groups"]] == [(0, 1.5), (0, 2.5)]
+    adv = PerPromptStatTracker().update([3, 3, 7, 7], torch.tensor([0.0, 1.0, 1.0, 1.0]))
+    np.testing.assert_allclose(adv, [-1.0, 1.0, 0.0, 0.0])
+
+
+def test_nonfinite_and_length_errors():
+    tracker = PerPromptStatTracker()
+    with pytest.raises(ValueError, match=r"\('img7', 2\)"):
+        tracker.update([("img3", 1)] * 2 + [("img7", 2)] * 2, np.array([1.0, 2.0, np.nan, 0.0]))
+    with pytest.raises(ValueError, match="'b'"):
+        tracker.update(["a", "b"], np.array([[0.0, 1.0], [np.inf, 0.0]]))
+    with pytest.raises(ValueError, match="3 keys for 2 rewards"):
+        tracker.update(["a", "a", "b"], np.array([1.0, 2.0]))
+    assert tracker.get_stats()["num_samples"] == 0  # failed calls record nothing
+
+
+def test_state_dict_round_trip():
+    tracker = PerPromptStatTracker(buffer_size=3, min_count=2)
+    tracker.update([("s", 1), ("s", 1), ("t", 2)], np.array([1.0, 2.0, 4.0]))
+    buf = io.BytesIO()
+    torch.save(tracker.state_dict(), buf)
+    buf.seek(0)
+    restored = PerPromptStatTracker()
+    restored.load_state_dict(torch.load(buf, weights_only=True))
+    again = PerPromptStatTracker()
+    again.load_state_dict(pickle.loads(pickle.dumps(tracker.state_dict())))
+    batch_keys, batch = [("s", 1), ("t", 2), ("t", 2)], np.array([3.0, 0.0, 5.0])
+    expected = tracker.update(batch_keys, batch)
+    np.testing.assert_array_equal(restored.update(batch_keys, batch), expected)
+    np.testing.assert_array_equal(again.update(batch_keys, batch), expected)
+    assert restored.get_stats()["trained_prompt_num_total"] == 2
+
+    running = PerPromptStatTracker(std_mode="running", ema_decay=0.5)
+    running.update(["a", "b"], np.array([[0.0, 1.0], [2.0, 5.0]]))
+    copy = PerPromptStatTracker()
+    copy.load_state_dict(pickle.loads(pickle.dumps(running.state_dict())))
+    r = np.array([[1.0, 1.0], [3.0, 2.0]])
+    np.testing.assert_array_equal(copy.update(["a", "b"], r), running.update(["a", "b"], r))
