@@ -1,0 +1,93 @@
+"""pipeline_with_logprob + policy_step: trajectories and the on-policy invariant ratio == 1."""
+import pytest
+import torch
+
+from ddpo_grpo.diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings, policy_step
+
+from helpers import ddim_scheduler, flow_scheduler, tiny_unet
+
+B, T = 4, 6
+
+
+def _sample(family, guidance, sde_type="sde", window=None, dtype=torch.float32):
+    unet = tiny_unet().to(dtype)
+    sched = ddim_scheduler() if family == "ddim" else flow_scheduler()
+    settings = SamplerSettings(family=family, guidance_scale=guidance, eta=1.0, noise_level=0.7, sde_type=sde_type)
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(B, 5, 8, generator=g).to(dtype)
+    neg = torch.randn(B, 5, 8, generator=g).to(dtype) if guidance != 1.0 else None
+    lat = torch.randn(B, 3, 8, 8, generator=g).to(dtype)
+    traj = pipeline_with_logprob(unet, sched, settings, emb, neg, num_inference_steps=T, latents=lat,
+                                 generator=g, return_pred_x0=True, sde_window=window)
+    return unet, sched, settings, emb, neg, traj
+
+
+def _rescore(unet, sched, settings, emb, neg, traj, rows, cols):
+    """Re-score stored transitions (rows[i], cols[i]) in one call, as the trainer does."""
+    x = traj.latents[rows, cols]
+    with torch.no_grad():
+        res = policy_step(unet, sched, settings, x, traj.timesteps[cols], traj.step_indices[cols], emb[rows],
+                          None if neg is None else neg[rows], prev_sample=traj.latents[rows, cols + 1])
+    return res.log_prob
+
+
+@pytest.mark.parametrize("family,guidance,sde_type", [("ddim", 1.0, "sde"), ("ddim", 3.0, "sde"),
+                                                      ("flow", 1.0, "sde"), ("flow", 2.5, "cps")])
+def test_onpolicy_ratio_is_one_every_timestep(family, guidance, sde_type):
+    unet, sched, settings, emb, neg, traj = _sample(family, guidance, sde_type)
+    n = traj.log_probs.shape[1]
+    assert traj.latents.shape == (B, n + 1, 3, 8, 8)
+    assert traj.images.shape == (B, 3, 8, 8) and traj.pred_x0.shape == (B, n, 3, 8, 8)
+    for j in range(n):  # same batch composition as sampling
+        rows = torch.arange(B)
+        lp = _rescore(unet, sched, settings, emb, neg, traj, rows, torch.full((B,), j))
+        ratio = torch.exp(lp - traj.log_probs[:, j])
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (j, ratio)
+
+
+@pytest.mark.parametrize("family", ["ddim", "flow"])
+def test_ratio_is_one_with_timestep_stacking(family):
+    """Several timesteps of the same samples in one call (the trainer's timesteps_per_call) and shuffled rows."""
+    unet, sched, settings, emb, neg, traj = _sample(family, 2.0)
+    n = traj.log_probs.shape[1]
+    rows = torch.arange(B).repeat_interleave(n)
+    cols = torch.arange(n).repeat(B)
+    perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(1))
+    rows, cols = rows[perm], cols[perm]
+    lp = _rescore(unet, sched, settings, emb, neg, traj, rows, cols)
+    ratio = torch.exp(lp - traj.log_probs[rows, cols])
+    assert (ratio - 1).abs().max() < 1e-6
+
+
+def test_bf16_ratio_within_documented_bound():
+    """bf16 denoiser: the stored sample is the bf16 value and the logprob is computed on it, so re-scoring is
+    close to exact; the bound documented in the README is |ratio - 1| < 1e-2."""
+    unet, sched, settings, emb, neg, traj = _sample("ddim", 1.0, dtype=torch.bfloat16)
+    assert traj.latents.dtype == torch.bfloat16
+    worst = 0.0
+    for j in range(traj.log_probs.shape[1]):
+        lp = _rescore(unet, sched, settings, emb, neg, traj, torch.arange(B), torch.full((B,), j))
+        worst = max(worst, float((torch.exp(lp - traj.log_probs[:, j]) - 1).abs().max()))
+    assert worst < 1e-2
+
+
+def test_sde_window_stores_only_window_steps():
+    unet, sched, settings, emb, neg, traj = _sample("flow", 1.0, window=(2, 3))
+    assert traj.step_indices.tolist() == [2, 3, 4]
+    assert traj.log_probs.shape == (B, 3) and traj.latents.shape == (B, 4, 3, 8, 8)
+    assert torch.equal(traj.timesteps, sched.timesteps[2:5])
+    for j in range(3):
+        lp = _rescore(unet, sched, settings, emb, neg, traj, torch.arange(B), torch.full((B,), j))
+        assert (torch.exp(lp - traj.log_probs[:, j]) - 1).abs().max() < 1e-6
+
+
+def test_deterministic_sampling_is_reproducible_and_has_no_logprob():
+    unet = tiny_unet()
+    settings = SamplerSettings(family="ddim")
+    emb = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))
+    lat = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    a = pipeline_with_logprob(unet, ddim_scheduler(), settings, emb, latents=lat, num_inference_steps=5, deterministic=True)
+    b = pipeline_with_logprob(unet, ddim_scheduler(), settings, emb, latents=lat, num_inference_steps=5, deterministic=True)
+    assert a.log_probs is None and torch.equal(a.images, b.images)
+    assert a.images.min() >= 0 and a.images.max() <= 1

@@ -1,0 +1,157 @@
+"""The trainer's steps in isolation: k-repeat sampling, advantages over gathered data with invalid rewards,
+live verification, the training call plan and config validation."""
+import os
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+
+from ddpo_grpo.advantages import compute_advantages
+from ddpo_grpo.data import KRepeatSampler
+from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
+from ddpo_grpo.stat_tracking import PerPromptStatTracker
+from ddpo_grpo.training import training_calls
+from ddpo_grpo.verification import verify_groups
+
+
+def test_k_repeat_sampler_places_exactly_k_copies_across_processes():
+    s = KRepeatSampler(dataset_size=100, batch_size=2, num_batches=4, num_processes=8, k=4, seed=0)
+    assert s.num_conditions == 16  # the seed report's geometry: 8 x 2 x 4 = 64 samples, 16 conditions
+    plan = s.epoch_plan(3)
+    assert plan.shape == (4, 8, 2)
+    _, counts = np.unique(plan, return_counts=True)
+    assert len(counts) == 16 and (counts == 4).all()
+    # every process derives the same plan; batches are its slices
+    assert s.batch(3, 2, 5) == plan[2, 5].tolist()
+    assert not np.array_equal(s.epoch_plan(4), plan)
+    assert np.array_equal(KRepeatSampler(100, 2, 4, 8, 4, 0).epoch_plan(3), plan)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(k=1), "at least 2"), (dict(k=3), "not divisible"),
+                                    (dict(dataset_size=3), "distinct conditions")])
+def test_k_repeat_sampler_geometry_errors(kw, msg):
+    args = dict(dataset_size=100, batch_size=2, num_batches=4, num_processes=2, k=4, seed=0)
+    args.update(kw)
+    with pytest.raises(ConfigError, match=msg):
+        KRepeatSampler(**args)
+
+
+@pytest.fixture(scope="module")
+def acc():
+    return Accelerator(cpu=True)
+
+
+def test_advantages_hand_computed_and_invalid_samples_excluded(acc):
+    keys = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    rewards = torch.tensor([1.0, 2.0, 3.0, 5.0, float("nan"), 7.0, 4.0, float("nan")])
+    valid = torch.isfinite(rewards)
+    out = compute_advantages(acc, PerPromptStatTracker(), keys, rewards, valid)
+    s = np.sqrt(2 / 3)  # population std of [1, 2, 3]
+    expect = [-1 / s, 0, 1 / s, -1, 0, 1, 0, 0]  # group 1 keeps [5, 7]; group 2 has one valid sample: excluded
+    np.testing.assert_allclose(out.advantages.numpy(), expect, rtol=1e-6)
+    assert out.train_mask.tolist() == [True, True, True, True, False, True, False, False]
+    assert out.invalid_count == 2 and out.excluded_groups == 1
+
+
+def test_too_many_invalid_rewards_stop_the_run(acc):
+    keys = torch.tensor([0, 0, 1, 1])
+    rewards = torch.tensor([float("nan"), float("inf"), float("nan"), 1.0])
+    with pytest.raises(InvalidRewardError, match="3 of 4 rewards"):
+        compute_advantages(acc, PerPromptStatTracker(), keys, rewards, torch.isfinite(rewards), 0.5)
+
+
+def test_per_timestep_advantages_verify_per_column(acc):
+    rng = np.random.default_rng(0)
+    keys = torch.tensor(np.repeat(np.arange(4), 4))
+    rewards = torch.tensor(rng.normal(size=(16, 5)), dtype=torch.float32)
+    rewards[:4, 2] = 0.5  # one constant column in group 0
+    out = compute_advantages(acc, PerPromptStatTracker(), keys, rewards, torch.ones(16, dtype=torch.bool))
+    metrics, table = verify_groups(out.keys_all, out.advantages_all, out.mask_all, out.rewards_all, 4, "group", False)
+    assert metrics["verify/zero_std_columns"] == 1 and metrics["verify/adv_group_mean_abs_max"] < 1e-6
+    assert (out.advantages_all[:4, 2] == 0).all()
+    assert "16 samples = 4 conditions x k=4" in table
+
+
+def test_verification_catches_wrong_counts_and_bad_advantages():
+    keys = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+    adv = np.zeros(8, np.float32)
+    with pytest.raises(VerificationError, match="expected exactly k=4"):
+        verify_groups(keys, adv, np.ones(8, bool), np.arange(8.0), 4, "group", False)
+    keys = np.repeat([0, 1], 4)
+    rewards = np.arange(8.0)
+    bad = np.array([-1, 0, 0, 2, -1, 0, 0, 1.0], np.float32)  # group 0 mean 0.25
+    with pytest.raises(VerificationError, match="advantage check failed"):
+        verify_groups(keys, bad, np.ones(8, bool), rewards, 4, "group", False)
+    equal_rewards = np.ones(8)
+    with pytest.raises(VerificationError, match="rewards are equal"):
+        verify_groups(keys, bad, np.ones(8, bool), equal_rewards, 4, "group", False)
+
+
+class _Cfg:
+    class train:
+        timestep_fraction = 0.5
+        timesteps_per_call = 2
+        batch_size = 3
+    seed = 0
+
+
+def test_training_call_plan_covers_each_sample_and_timestep_once():
+    calls, per_mb = training_calls(N=7, T=10, config=_Cfg, epoch=0, inner=0, rank=0)
+    assert per_mb == 3  # 5 trained timesteps, 2 per call -> 3 calls per micro-batch
+    seen = {}
+    for idx, cols in calls:
+        assert cols.shape[0] == len(idx) and cols.shape[1] in (1, 2)
+        for i, row in zip(idx.tolist(), cols.tolist()):
+            seen.setdefault(i, []).extend(row)
+    assert sorted(seen) == list(range(7))
+    for cols in seen.values():
+        assert len(cols) == 5 and len(set(cols)) == 5 and all(0 <= c < 10 for c in cols)
+
+
+def _config(name="tiny"):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grpo_cfg", os.path.join(os.path.dirname(__file__), "..", "config", "grpo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(name)
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda c: c.reward.fns.update({"nope": 1.0}), "unknown reward 'nope'"),
+    (lambda c: setattr(c.sample, "k", 1), "at least 2 copies"),
+    (lambda c: setattr(c.sample, "k", 5), "not divisible by sample.k=5"),
+    (lambda c: setattr(c.sample, "eta", 0.0), "eta=0"),
+    (lambda c: setattr(c.pretrained, "model", "/no/such/model"), "pretrained.model"),
+    (lambda c: setattr(c.tracker, "std_mode", "median"), "tracker.std_mode"),
+    (lambda c: setattr(c.reward, "per_step", "x1"), "reward.per_step"),
+])
+def test_config_validation_errors(edit, msg):
+    from ddpo_grpo.build import validate_config
+
+    c = _config()
+    edit(c)
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(c, num_processes=1)
+
+
+def test_unknown_config_name_and_empty_prompt_file(tmp_path):
+    from ddpo_grpo.build import validate_config
+
+    with pytest.raises(ValueError, match="unknown config name 'nope'"):
+        _config("nope")
+    c = _config()
+    c.data.name = "prompt_file"
+    c.data.path = str(tmp_path / "prompts.txt")
+    (tmp_path / "prompts.txt").write_text("\n\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        validate_config(c, num_processes=1)
+
+
+def test_recam_geometry_validates_for_8_processes():
+    from ddpo_grpo.data import KRepeatSampler
+
+    c = _config("recam")
+    s = KRepeatSampler(10**6, c.sample.batch_size, c.sample.num_batches_per_epoch, 8, c.sample.k, c.seed)
+    assert s.num_conditions * c.sample.k == 64 and s.num_conditions == 16
