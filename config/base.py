@@ -72,8 +72,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start
     config.train.reference_update_freq = 1  # optimizer steps between reference mixes
     config.train.sup_weight = 0.0  # supervised denoising loss on pretraining data (0 = off)
-    config.train.sup_warmup_epochs = 0  # sup weight ramps from sup_weight*2 down to sup_weight... see sup.py
-    config.train.sup_decay_epochs = 0
+    config.train.sup_warmup_epochs = 0  # linear ramp of the sup weight up to sup_weight over these epochs
+    config.train.sup_decay_epochs = 0  # then linear decay to 0 over these epochs (0 = keep sup_weight)
     config.train.sup_batch_size = 16
     config.train.max_invalid_fraction = 0.5  # stop if more than this share of an epoch's rewards is invalid
 
@@ -97,6 +97,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.logging.tensorboard = True
     config.logging.num_images = 16  # images in the per-epoch grid
     config.logging.image_freq = 1  # epochs between image grids
+    config.logging.debug_dump = False  # per-process JSON of keys/rewards/advantages/weights each epoch (tests)
 
     ###### Evaluation ######
     config.eval = ml_collections.ConfigDict()

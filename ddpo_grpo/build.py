@@ -154,10 +154,11 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
 
         if pipe.text_encoder is None:
             return torch.zeros(len(prompts), 1, pipe.unet.config.cross_attention_dim, device=accelerator.device)
-        missing = sorted({p for p in prompts if p not in cache})
-        if missing:
-            for p, e in zip(missing, encode_prompts(pipe.text_encoder, pipe.tokenizer, missing)):
-                cache[p] = e
+        # One prompt per call: an embedding must not depend on which batch first asked for it, or a resumed
+        # run (which fills the cache in a different order) would not be bit-identical.
+        for p in dict.fromkeys(prompts):
+            if p not in cache:
+                cache[p] = encode_prompts(pipe.text_encoder, pipe.tokenizer, [p])[0]
         return torch.stack([cache[p] for p in prompts])
 
     state = RunState()

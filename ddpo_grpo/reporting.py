@@ -59,6 +59,8 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     m.update({f"time/{k}": v for k, v in timer.seconds.items()})
     m["time/epoch"] = float(sum(timer.seconds.values()))
     acc.log(m, step=epoch)
+    if config.logging.debug_dump:
+        dump_debug(ctx, epoch, samples, rewards, adv)
     entry = {"epoch": epoch, "reward_mean": m["reward_mean"], "time": m["time/epoch"]}
     if "eval/reward_mean" in eval_metrics:
         entry["eval_reward_mean"] = eval_metrics["eval/reward_mean"]
@@ -76,6 +78,24 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
             f" onpolicy|r-1| {train_metrics.get('onpolicy_ratio_max_dev', float('nan')):.1e}"
             f" | {m['time/epoch']:.1f}s")
     acc.print(line)
+
+
+def dump_debug(ctx, epoch: int, samples, rewards, adv) -> None:
+    """Per-process record of what this process sampled, was rewarded and trained on, and a checksum of its
+    weights after the update: lets a test check the multi-process bookkeeping from outside."""
+    acc = ctx.accelerator
+    params = [p.detach().double() for p in acc.unwrap_model(ctx.unet).parameters()]
+    record = {
+        "rank": acc.process_index, "num_processes": acc.num_processes, "epoch": epoch,
+        "keys": samples.keys.tolist(), "rewards": rewards.avg.tolist(), "advantages": adv.advantages.tolist(),
+        "keys_all": adv.keys_all.tolist(), "rewards_all": adv.rewards_all.tolist(),
+        "advantages_all": adv.advantages_all.tolist(),
+        "weights_sum": float(sum(p.sum() for p in params)), "weights_abs_sum": float(sum(p.abs().sum() for p in params)),
+    }
+    path = os.path.join(ctx.run_dir, "debug", f"epoch_{epoch:04d}_rank_{acc.process_index}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f)
 
 
 def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:

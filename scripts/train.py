@@ -43,7 +43,7 @@ def run(config):
     from ddpo_grpo.training import train_epoch
     from ddpo_grpo.verification import verify_groups
 
-    devices.setup()
+    device = devices.setup()
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     family = validate_config(config, num_processes)  # one clear line before any heavy work
     name = config.run_name or f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
@@ -54,7 +54,8 @@ def run(config):
               f"k={config.sample.k}, model family {family}; dry run, stopping before loading models")
         return
     trackers = [t for t, on in (("wandb", config.logging.wandb), ("tensorboard", config.logging.tensorboard)) if on]
-    accelerator = Accelerator(mixed_precision=config.mixed_precision, log_with=trackers or None,
+    # cpu=True on a machine without GPU/NPU is what makes accelerate form a gloo group across CPU processes.
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision, log_with=trackers or None,
                               project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
     set_seed(config.seed, device_specific=True)

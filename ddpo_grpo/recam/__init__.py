@@ -1,0 +1,12 @@
+"""Camera re-rendering ("recam") at tiny scale: a camera world, its condition dataset, and two reward
+plugins. Importing this package registers the rewards `cam_score` and `unifiedscore`."""
+from . import cam_score, unifiedscore  # noqa: F401  (register the reward plugins)
+from .cam_score import estimate_moments, make_cam_score
+from .data import RecamConditions
+from .unifiedscore import make_unifiedscore
+from .world import Camera, CameraMotion, RecamCondition, Scene, WorldObject, make_condition, render_view
+
+__all__ = [
+    "Camera", "CameraMotion", "RecamCondition", "RecamConditions", "Scene", "WorldObject", "estimate_moments",
+    "make_cam_score", "make_condition", "make_unifiedscore", "render_view",
+]
