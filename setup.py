@@ -31,6 +31,8 @@ setup(
     entry_points={
         "ddpo_grpo.rewards": [
             "toyworld = ddpo_grpo.rewards.toyworld:make_toyworld_reward",
+            "cam_score = ddpo_grpo.recam.cam_score:make_cam_score",
+            "unifiedscore = ddpo_grpo.recam.unifiedscore:make_unifiedscore",
         ],
     },
 )

@@ -61,9 +61,14 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     acc.log(m, step=epoch)
     if config.logging.debug_dump:
         dump_debug(ctx, epoch, samples, rewards, adv)
-    entry = {"epoch": epoch, "reward_mean": m["reward_mean"], "time": m["time/epoch"]}
+    entry = {"epoch": epoch, "reward_mean": m["reward_mean"], "time": m["time/epoch"],
+             "phases": dict(timer.seconds), "samples": int(len(adv.keys_all))}
+    for k, v in m.items():
+        if k.endswith("strict_accuracy") or k.endswith("_accuracy") and not k.startswith("eval/"):
+            entry[k] = v
     if "eval/reward_mean" in eval_metrics:
         entry["eval_reward_mean"] = eval_metrics["eval/reward_mean"]
+        entry.update({k: v for k, v in eval_metrics.items() if k.endswith("_accuracy")})
     ctx.state.history.append(entry)
     if acc.is_main_process and config.logging.image_freq and epoch % config.logging.image_freq == 0:
         n = min(config.logging.num_images, len(samples))

@@ -20,9 +20,10 @@ quality are left to other rewards (e.g. `unifiedscore`).
 
 Estimators (factory kwarg `estimator`):
   - "moments" (default): foreground = max over channels minus the image's median (the background), kept
-    where it exceeds `gate` and its 3x3 mean exceeds `support` (isolated noise is ignored); zoom = ratio of the foreground's radii of gyration sqrt(var_x + var_y)
-    (target / source), translation from the foreground centroids. Exact for the world's renders (all
-    objects are fully in both views; shapes are scaled and shifted, never rotated or cropped).
+    where it exceeds `gate` and its 3x3 mean exceeds `support` (isolated noise is ignored); zoom = ratio
+    of the foreground's radii of gyration sqrt(var_x + var_y) (target / source), translation from the
+    foreground centroids. Exact up to rasterisation for the world's renders (all objects are fully in
+    both views; shapes are scaled and shifted, never rotated or cropped).
   - "pkg.module:name": a user's (e.g. learned) estimator, imported by dotted path. With
     `estimator_kwargs` the attribute is a factory called with them to build the estimator. An estimator
     with a truthy attribute `batched` is called once with stacked arrays (B, 3, H, W) and must return
@@ -121,7 +122,8 @@ def _as_array(x, what: str, i: int) -> np.ndarray:
         x = x.detach().cpu().float().numpy()
     a = np.asarray(x, dtype=np.float32)
     if a.ndim != 3 or a.shape[0] != 3:
-        raise ValueError(f"cam_score needs metadata[{i}][{what!r}] as an array (3, H, W) in [0, 1], got shape {a.shape}")
+        raise ValueError(f"cam_score needs metadata[{i}][{what!r}] as an array (3, H, W) in [0, 1], "
+                         f"got shape {a.shape}")
     return a
 
 
@@ -186,7 +188,7 @@ def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs
         est[~ok] = np.nan
         scores, terr, zerr = score_motion(est, req, tau_translation, tau_zoom)
         failed = ~np.isfinite(terr)
-        acc = (~failed) & (np.nan_to_num(terr, nan=np.inf) < acc_translation) & (np.nan_to_num(zerr, nan=np.inf) < acc_zoom)
+        acc = ~failed & (np.where(failed, np.inf, terr) < acc_translation) & (np.where(failed, np.inf, zerr) < acc_zoom)
         scores = scores.astype(np.float32)
         scores[~ok] = np.nan
         details = {

@@ -12,7 +12,8 @@ and parses the last "Final Score: x" in choices[0].message.content; the reward i
 gives 0.2..1). Requests run in a thread pool (`max_workers`), each with a `timeout` in seconds, and are
 retried `retries` more times (sleeping `backoff` * 2^(attempt-1) s before attempt 1, 2, ...) on connection
 errors, timeouts, malformed responses, HTTP 408/409/425/429/5xx and (unless `retry_unparseable=False`)
-answers without a score; other HTTP errors (400, 401, 404, ...) fail at once. Only the standard library is used (urllib.request).
+answers without a score; other HTTP errors (400, 401, 404, ...) fail at once. Only the standard library
+is used (urllib.request).
 
 A sample whose request finally fails or whose answer has no score is NOT scored 0: its score is NaN, so
 the reward computer marks it invalid, counts it and excludes it from training. Details per sample:

@@ -23,3 +23,4 @@ __all__ = [
     "jpeg_sizes_kb", "make_aesthetic_reward", "make_jpeg_compressibility", "make_jpeg_incompressibility",
     "make_toyworld_reward", "register_reward", "unregister_reward",
 ]
+from .. import recam as _recam  # noqa: E402,F401  (registers the recam rewards cam_score and unifiedscore)

@@ -5,8 +5,8 @@ belongs (the whole image for one object; the half on its side of the relation fo
 segments the foreground (max channel > 0.5 on a black background), and checks:
   - colour: the nearest palette colour to the mean foreground RGB;
   - shape: the shape template with the best IoU when fitted to the segment's bounding box;
-  - position: for one object, the third of the image holding the centroid; for two, that
-    the centroids are ordered as the relation says (by > 2 px along its axis).
+  - position: for one object, the third of the image holding the centroid; for two, that each
+    side holds its own object (right colour or shape) and the centroids are > 8 px apart along the axis.
 The reward is the mean of the attribute scores, in [0, 1].
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ def verify_image(img: np.ndarray, cond: Condition) -> Dict[str, float]:
     first_low = cond.relation in ("left of", "above")
     regions = (axis < h // 2, axis >= h // 2) if first_low else (axis >= h // 2, axis < h // 2)
     scores = {"color": 0.0, "shape": 0.0, "position": 0.0}
-    centroids = []
+    centroids, identified = [], []
     for obj, region in zip((cond.obj, cond.other), regions):
         found = _read_object(img, _segment(img, region))
         if found is None:
@@ -90,7 +90,10 @@ def verify_image(img: np.ndarray, cond: Condition) -> Dict[str, float]:
         scores["color"] += 0.5 * (color == obj.color)
         scores["shape"] += 0.5 * (shape == obj.shape)
         centroids.append(c)
-    if all(c is not None for c in centroids):
+        identified.append(color == obj.color or shape == obj.shape)
+    # The relation holds when each side has its own object (recognisable by colour or shape), well separated:
+    # two objects drawn in swapped places do not satisfy it.
+    if all(c is not None for c in centroids) and all(identified):
         k = 0 if horizontal else 1
         gap = centroids[1][k] - centroids[0][k]
         gap = gap if first_low else -gap

@@ -1,0 +1,281 @@
+"""The compute and memory floor of one training epoch, for scripts/bench.py.
+
+The floor is what an epoch cannot do without: the same model, the same number and size of denoiser
+calls as the trainer, and nothing else.
+
+  (a) sampling: num_batches_per_epoch x num_steps forwards at batch B (2B with CFG), under no_grad;
+  (b) training: the trainer's own call plan (`training.training_calls`: the same sample-timesteps per
+      call and the same calls per optimizer step), each call a forward + backward of a scalar loss,
+      and an AdamW step at the trainer's cadence. With train.beta > 0 each call also runs the
+      reference forward (no_grad), because the algorithm needs it.
+
+Left out on purpose: scheduler steps and log-probabilities, the loss itself, rewards, advantages,
+verification, gradient clipping, the VAE decode, logging. Inputs are random tensors of the right shapes.
+
+Run as a subprocess (so its peak RSS is its own), with the trainer's own config flags:
+
+    python -m ddpo_grpo.bench_floor --config config/grpo.py:tiny --config.sample.batch_size=8 --out floor.json
+    python -m ddpo_grpo.bench_floor --config config/grpo.py:tiny --mode eval --out eval.json  # pretrained eval
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from typing import Dict, Optional
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MB = 1024.0 * 1024.0
+
+
+def proc_status_mb(field: str) -> Optional[float]:
+    """VmRSS / VmHWM of this process in MB from /proc/self/status (None where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def stored_steps(config, family: str) -> int:
+    """T of the trainer's EpochSamples: the stochastic steps it stores (and trains a fraction of)."""
+    s = config.sample
+    if family == "flow" and s.sde_window_size:
+        return int(s.sde_window_size)
+    if family == "flow" and s.sde_type == "cps":
+        return int(s.num_steps) - 1
+    return int(s.num_steps)
+
+
+def _autocast(config):
+    import torch
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.mixed_precision)
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
+
+
+def floor(config, warmup: bool = True) -> Dict:
+    """Time (a) and (b) for one epoch of `config` (one process); returns seconds, counts and memory."""
+    import torch
+
+    from .models import load_pipeline
+    from .training import training_calls
+
+    rss_runtime = proc_status_mb("VmRSS")
+    pipe = load_pipeline(config.pretrained.model)
+    unet = pipe.unet
+    if config.use_lora:
+        from peft import LoraConfig
+
+        unet.add_adapter(LoraConfig(r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
+                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
+    else:
+        unet.requires_grad_(True)
+    params = [p for p in unet.parameters() if p.requires_grad]
+    t = config.train
+    opt = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                            weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
+    rss_loaded = proc_status_mb("VmRSS")
+
+    s = config.sample
+    B, nb, T = int(s.batch_size), int(s.num_batches_per_epoch), int(s.num_steps)
+    cfg = float(s.guidance_scale) != 1.0
+    cfg_train = cfg and bool(t.cfg)
+    C = unet.config.in_channels
+    size = unet.config.sample_size if isinstance(unet.config.sample_size, int) else unet.config.sample_size[0]
+    if pipe.family == "flow":
+        pipe.scheduler.set_timesteps(T, device="cpu")
+    else:
+        pipe.scheduler.set_timesteps(T)
+    timesteps = pipe.scheduler.timesteps
+    with torch.no_grad():
+        if pipe.text_encoder is not None:
+            from .diffusers_patch.pipeline_with_logprob import encode_prompts
+
+            emb1 = encode_prompts(pipe.text_encoder, pipe.tokenizer, [""])
+        else:
+            emb1 = torch.zeros(1, 1, unet.config.cross_attention_dim)
+    embs: Dict[int, torch.Tensor] = {}
+
+    def emb(rows: int) -> torch.Tensor:  # built once per shape, outside the timed loops
+        if rows not in embs:
+            embs[rows] = emb1.expand(rows, -1, -1).contiguous()
+        return embs[rows]
+
+    gen = torch.Generator().manual_seed(0)
+    rows_sample = B * (2 if cfg else 1)
+
+    def sample_batch():
+        x = torch.randn(rows_sample, C, size, size, generator=gen)
+        e = emb(rows_sample)
+        with torch.no_grad(), _autocast(config):
+            for tt in timesteps:
+                unet(x, tt.expand(rows_sample), encoder_hidden_states=e)
+
+    T_store = stored_steps(config, pipe.family)
+    N = B * nb
+
+    def train_call(n_rows: int, cols: torch.Tensor, scale: float):
+        rows = n_rows * (2 if cfg_train else 1)
+        tc = timesteps[cols.reshape(-1)]
+        tc = torch.cat([tc, tc]) if cfg_train else tc
+        x = torch.randn(rows, C, size, size, generator=gen)
+        if t.beta > 0:
+            with torch.no_grad(), _autocast(config):
+                unet(x, tc, encoder_hidden_states=emb(rows))
+        with _autocast(config):
+            out = unet(x, tc, encoder_hidden_states=emb(rows)).sample
+        (out.float().square().mean() * scale).backward()
+
+    if warmup:  # the trainer's measured epochs follow a warm-up epoch (and Adam state exists by then)
+        unet.eval()
+        sample_batch()
+        unet.train()
+        calls, _ = training_calls(N, T_store, config, 0, 0, 0)
+        idx, cols = max(calls, key=lambda c: c[1].numel())
+        train_call(idx.numel() * cols.shape[1], cols, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    # (a) sampling
+    unet.eval()
+    t0 = time.perf_counter()
+    for _ in range(nb):
+        sample_batch()
+    sampling_s = time.perf_counter() - t0
+    rss_after_sampling = proc_status_mb("VmHWM")
+
+    # (b) training, on the trainer's call plan
+    unet.train()
+    n_calls = n_rows_total = n_steps = 0
+    max_call_rows = 0
+    t0 = time.perf_counter()
+    for inner in range(int(t.num_inner_epochs)):
+        calls, per_mb = training_calls(N, T_store, config, 1, inner, 0)
+        group = int(t.gradient_accumulation_steps) * per_mb
+        for start in range(0, len(calls), group):
+            chunk = calls[start:start + group]
+            for idx, cols in chunk:
+                n = idx.numel() * cols.shape[1]
+                train_call(n, cols, 1.0 / len(chunk))
+                n_calls += 1
+                n_rows_total += n
+                max_call_rows = max(max_call_rows, n * (2 if cfg_train else 1))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            n_steps += 1
+    training_s = time.perf_counter() - t0
+    rss_peak = proc_status_mb("VmHWM")
+
+    act_bytes = activation_bytes(unet, params, max_call_rows, C, size, emb(max_call_rows), timesteps, config)
+    modules = [m for m in (pipe.unet, pipe.text_encoder, pipe.vae) if m is not None]
+    weights = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+    weights += sum(b.numel() * b.element_size() for m in modules for b in m.buffers())
+    trainable = sum(p.numel() * p.element_size() for p in params)
+    adam = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+    est = {"runtime_mb": rss_runtime, "weights_mb": weights / MB, "grads_mb": trainable / MB, "adam_mb": adam / MB,
+           "activations_mb": act_bytes / MB}
+    est["total_mb"] = sum(v for v in est.values() if v is not None)
+    return {
+        "family": pipe.family,
+        "batch_size": B, "num_batches_per_epoch": nb, "num_steps": T, "cfg": cfg, "cfg_train": cfg_train,
+        "timesteps_per_call": int(t.timesteps_per_call), "train_batch_size": int(t.batch_size),
+        "sampling_s": sampling_s, "training_s": training_s, "total_s": sampling_s + training_s,
+        "sampling_forwards": nb * T, "sampling_rows_per_forward": rows_sample,
+        "train_calls": n_calls, "train_sample_timesteps": n_rows_total, "train_max_rows_per_call": max_call_rows,
+        "optimizer_steps": n_steps, "reference_forwards": n_calls if t.beta > 0 else 0,
+        "trainable_params": sum(p.numel() for p in params),
+        "torch_threads": torch.get_num_threads(),
+        "rss_mb": {"runtime": rss_runtime, "loaded": rss_loaded, "peak_after_sampling": rss_after_sampling,
+                   "peak": rss_peak},
+        "memory_estimate_mb": est,
+    }
+
+
+def activation_bytes(unet, params, rows: int, C: int, size: int, enc, timesteps, config) -> int:
+    """Bytes autograd saves for backward in one forward of `rows` rows (parameters excluded, storages
+    counted once): the activation memory of the largest training call."""
+    import torch
+
+    param_ptrs = {p.untyped_storage().data_ptr() for p in unet.parameters()}
+    seen: Dict[int, int] = {}
+
+    def pack(x):
+        try:
+            st = x.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in param_ptrs:
+                seen[ptr] = max(seen.get(ptr, 0), st.nbytes())
+        except Exception:  # tensors without storage (sparse, nested): not counted
+            pass
+        return x
+
+    x = torch.randn(rows, C, size, size)
+    tc = timesteps[torch.arange(rows) % len(timesteps)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), _autocast(config):
+        out = unet(x, tc, encoder_hidden_states=enc).sample
+    del out
+    return int(sum(seen.values()))
+
+
+def pretrained_eval(config) -> Dict:
+    """The trainer's own deterministic evaluation (evaluation.evaluate) of the untrained model: the start
+    point of a learning curve."""
+    import tempfile
+
+    from accelerate import Accelerator
+
+    from .build import build_context
+    from .evaluation import evaluate
+
+    acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
+    with tempfile.TemporaryDirectory() as d:
+        ctx = build_context(config, acc, d)
+        t0 = time.perf_counter()
+        metrics, _, _ = evaluate(ctx)
+        seconds = time.perf_counter() - t0
+        if ctx.rewards.executor is not None:
+            ctx.rewards.executor.shutdown(wait=False)
+    return {"metrics": metrics, "seconds": seconds}
+
+
+def main(argv) -> None:
+    from absl import flags
+
+    FLAGS = flags.FLAGS
+    if FLAGS.mode == "floor":
+        result = floor(FLAGS.config, warmup=FLAGS.warmup)
+    elif FLAGS.mode == "eval":
+        result = pretrained_eval(FLAGS.config)
+    else:
+        raise SystemExit(f"unknown --mode {FLAGS.mode!r}; choose floor or eval")
+    text = json.dumps(result, indent=1)
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+
+
+def _define_flags() -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", "config/grpo.py:tiny", "Training configuration (file:NAME).")
+    flags.DEFINE_string("out", "", "write the result JSON here (default: stdout)")
+    flags.DEFINE_enum("mode", "floor", ["floor", "eval"], "floor: time the bare loops; eval: eval the pretrained model")
+    flags.DEFINE_bool("warmup", True, "one untimed sampling batch + training call + optimizer step first")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main, argv=sys.argv)
