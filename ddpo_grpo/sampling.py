@@ -109,11 +109,27 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     )
 
 
-def collect_rewards(samples: EpochSamples):
-    """Wait for the batches' reward futures and concatenate them into one RewardResult (N,) / (N, T)."""
-    from .rewards import RewardResult
+def collect_rewards(samples: EpochSamples, accelerator=None):
+    """Wait for the batches' reward futures and concatenate them into one RewardResult (N,) / (N, T).
 
-    results = [f.result() for f in samples.reward_futures]
+    A reward that raises on any process stops every process with its message: the processes first agree on
+    who failed, so none is left waiting in the next collective (a hang, on a cluster).
+    """
+    from .rewards import RewardError, RewardResult
+
+    results, error = [], ""
+    try:
+        results = [f.result() for f in samples.reward_futures]
+    except Exception as e:  # noqa: BLE001 - any plugin failure is reported, not swallowed
+        error = str(e) if isinstance(e, RewardError) else f"reward computation failed: {type(e).__name__}: {e}"
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        errors = [m for m in gather_object([error]) if m]
+        if errors:
+            raise RewardError(errors[0] + (f" (on {len(errors)} processes)" if len(errors) > 1 else ""))
+    elif error:
+        raise RewardError(error)
     cat = lambda d: {k: np.concatenate([r_[k] for r_ in d]) for k in d[0]}  # noqa: E731
     return RewardResult(
         avg=np.concatenate([r.avg for r in results]).astype(np.float32),

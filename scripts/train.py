@@ -21,10 +21,11 @@ config_flags.DEFINE_config_file("config", "config/grpo.py:tiny", "Training confi
 
 def main(_):
     from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
+    from ddpo_grpo.rewards import RewardError
 
     try:
         run(FLAGS.config)
-    except (ConfigError, VerificationError, InvalidRewardError) as e:
+    except (ConfigError, RewardError, VerificationError, InvalidRewardError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -74,7 +75,7 @@ def run(config):
         with timer("sampling"):
             samples = sample_epoch(ctx, epoch)  # 1. trajectories + logprobs; rewards start in a thread pool
         with timer("reward"):
-            rewards = collect_rewards(samples)  # 2. weighted `avg` (B,) or (B, T), details, validity
+            rewards = collect_rewards(samples, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
         with timer("advantages"):
             adv = compute_advantages(accelerator, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)  # 3.
@@ -117,5 +118,22 @@ def config_name() -> str:
     return spec.split(":")[-1] if ":" in spec else "run"
 
 
+def parse_flags(argv):
+    """absl's parser, but a bad --config (unknown name, missing file, unknown or ill-typed override) is one
+    line and exit 2 instead of a traceback."""
+    try:
+        rest = FLAGS(argv)
+        FLAGS.config.seed  # config_flags defers a failed file load until first access
+        return rest
+    except Exception as e:  # noqa: BLE001 - every parse failure becomes one line
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        cause = next((ln for ln in lines if "No such file" in ln), None) or next(
+            (ln for ln in reversed(lines) if ln.startswith(("ValueError", "KeyError", "TypeError"))), lines[-1])
+        if isinstance(e, (KeyError, AttributeError)):
+            cause = f"unknown config field {lines[-1]}"
+        print(f"error: --config: {cause}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

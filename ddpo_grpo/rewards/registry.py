@@ -19,8 +19,7 @@ ENTRY_POINT_GROUP = "ddpo_grpo.rewards"
 RewardFactory = Callable[..., Callable]
 
 
-class ConfigError(ValueError):
-    """A configuration mistake (unknown reward name, missing path, bad option)."""
+from ..errors import ConfigError  # noqa: E402  (one ConfigError for the whole project)
 
 
 class RewardError(RuntimeError):

@@ -1,0 +1,145 @@
+"""Reliability: bad rewards are excluded and counted, failing plugins stop every process with their message,
+checkpoints are atomic and refuse a mismatched config."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from ddpo_grpo.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
+from ddpo_grpo.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
+         "--config.sample.k=4", "--config.train.batch_size=4", "--config.eval_freq=0", "--config.logging.wandb=False",
+         "--config.logging.tensorboard=False", "--config.logging.image_freq=0", "--config.save_freq=0"]
+
+PLUGIN = '''
+import os
+import numpy as np
+from ddpo_grpo.rewards.toyworld import make_toyworld_reward
+
+def make(mode="nan"):
+    base = make_toyworld_reward()
+
+    def flaky(images, prompts, metadata):
+        if mode == "raise" or (mode == "raise_rank1" and os.environ.get("RANK") == "1"):
+            raise RuntimeError("the reward server is down")
+        scores, details = base(images, prompts, metadata)
+        scores = np.asarray(scores, dtype=np.float32).copy()
+        if mode == "nan":
+            scores[::3] = np.nan  # every third sample of each batch
+        elif mode == "nan_all":
+            scores[:] = np.inf
+        return scores, details
+    return flaky
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory):
+    """A reward plugin package found through the `ddpo_grpo.rewards` entry-point group, installed nowhere."""
+    d = tmp_path_factory.mktemp("plugin")
+    (d / "flaky_reward.py").write_text(PLUGIN)
+    info = d / "flaky_reward-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flaky-reward\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[ddpo_grpo.rewards]\nflaky = flaky_reward:make\n")
+    return str(d)
+
+
+def train(tmp, plugin_path, mode, nproc=1, epochs=1):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if nproc > 1:
+        cmd += ["--multi_gpu", "--main_process_port", str(29600 + os.getpid() % 1000)]
+    cmd += ["scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}",
+            f"--config.logdir={tmp}", "--config.run_name=r", "--config.reward.fns={'flaky': 1.0}",
+            f"--config.reward.kwargs={{'flaky': {{'mode': '{mode}'}}}}", *SMALL]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1",
+               PYTHONPATH=plugin_path + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_nan_rewards_are_excluded_counted_and_training_continues(tmp_path, plugin_path):
+    p = train(tmp_path, plugin_path, "nan", epochs=2)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout + p.stderr
+    assert "invalid rewards 4 excluded" in out  # 8 samples, scores[::3] NaN in each batch of 4: 2 per batch
+    assert "epoch 1:" in out and "done in" in out
+
+
+def test_mostly_invalid_rewards_stop_with_a_clear_message(tmp_path, plugin_path):
+    p = train(tmp_path, plugin_path, "nan_all")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1].startswith("error: 8 of 8 rewards this epoch are invalid")
+
+
+def test_raising_plugin_is_named(tmp_path, plugin_path):
+    p = train(tmp_path, plugin_path, "raise")
+    assert p.returncode == 2
+    assert "error: reward 'flaky' failed: RuntimeError: the reward server is down" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_plugin_failing_on_one_process_stops_all(tmp_path, plugin_path):
+    p = train(tmp_path, plugin_path, "raise_rank1", nproc=2)
+    assert p.returncode != 0
+    assert "reward 'flaky' failed: RuntimeError: the reward server is down" in p.stderr
+
+
+def _fake_ctx(tmp_path, fail=False):
+    """Just enough of a RunContext for save_checkpoint: an accelerator whose save_state can die midway."""
+
+    class Acc:
+        is_main_process = True
+
+        def wait_for_everyone(self):
+            pass
+
+        def save_state(self, path):
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "model.safetensors"), "w") as f:
+                f.write("half" if fail else "full")
+            if fail:
+                raise KeyboardInterrupt("killed while saving")
+
+    cfg = types.SimpleNamespace(pretrained=types.SimpleNamespace(model="tiny-t2i"), use_lora=False, lora_rank=8,
+                                num_checkpoint_limit=3)
+    return types.SimpleNamespace(accelerator=Acc(), run_dir=str(tmp_path), config=cfg,
+                                 state=types.SimpleNamespace(epoch=0))
+
+
+def test_checkpoint_is_atomic_and_newest_complete_one_is_resumed(tmp_path):
+    ctx = _fake_ctx(tmp_path)
+    ctx.state.epoch = 1
+    first = save_checkpoint(ctx, "ddim")
+    ctx = _fake_ctx(tmp_path, fail=True)
+    ctx.state.epoch = 2
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(ctx, "ddim")
+    root = tmp_path / "checkpoints"
+    assert sorted(os.listdir(root)) == [".tmp-checkpoint_00002", "checkpoint_00001"]
+    assert resolve_resume(str(tmp_path)) == first  # the half-written one is invisible
+    assert open(os.path.join(first, "model.safetensors")).read() == "full"
+    ctx = _fake_ctx(tmp_path)
+    ctx.state.epoch = 3
+    third = save_checkpoint(ctx, "ddim")
+    assert resolve_resume(str(tmp_path)) == third and not (root / ".tmp-checkpoint_00003").exists()
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        resolve_resume(str(tmp_path / "nothing"))
+
+
+def test_checkpoint_for_another_setup_is_refused(tmp_path):
+    ctx = _fake_ctx(tmp_path)
+    ctx.state.epoch = 1
+    ckpt = save_checkpoint(ctx, "ddim")
+    assert json.load(open(os.path.join(ckpt, META)))["use_lora"] is False
+    lora_cfg = types.SimpleNamespace(pretrained=types.SimpleNamespace(model="tiny-t2i"), use_lora=True, lora_rank=8)
+    with pytest.raises(ConfigError, match="use_lora: checkpoint False vs config True"):
+        check_compatible(ckpt, lora_cfg, "ddim")
+    with pytest.raises(ConfigError, match="family: checkpoint 'ddim' vs config 'flow'"):
+        check_compatible(ckpt, ctx.config, "flow")
