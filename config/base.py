@@ -66,7 +66,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.clip_range = 1e-4  # PPO ratio clip (small: logprobs are averaged over dimensions)
     config.train.clip_range_high = -1.0  # < 0: same as clip_range
     config.train.timestep_fraction = 1.0  # share of the T steps trained per sample (random subset)
-    config.train.timesteps_per_call = 1  # timesteps of the same samples stacked in one forward call
+    # Timesteps of the same samples stacked into one forward call (bigger calls use the CPU/GPU better);
+    # 0 = auto: a short probe at the first epoch picks it.
+    config.train.timesteps_per_call = 1
     config.train.beta = 0.0  # KL weight to the reference; 0 skips the reference forward entirely
     config.train.kl_type = "gaussian"  # "gaussian" (exact for a step) | "k3" (Schulman, on logprobs)
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start

@@ -114,10 +114,32 @@ def recam():
     return config
 
 
+def recam_tiny():
+    """The recam recipe on the bundled tiny camera model, on this CPU: cam_score only, per-step rewards,
+    EMA reference; conditions are dataset indices (source view + camera motion)."""
+    config = recam()
+    config.mixed_precision = "no"
+    config.num_epochs = 20
+    config.save_freq = 10
+    config.eval_freq = 5
+    config.sample.batch_size = 8
+    config.sample.num_batches_per_epoch = 4
+    config.sample.k = 4  # 32 samples per epoch = 8 conditions x 4 copies (per process)
+    config.sample.num_steps = 10
+    config.train.batch_size = 8
+    config.train.learning_rate = 1e-4
+    config.train.clip_range = 1e-3
+    config.train.beta = 0.004
+    config.reward.fns = {"cam_score": 1.0}
+    config.reward.kwargs = {}
+    config.eval.num_samples = 32
+    return config
+
+
 def get_config(name: str = "tiny"):
     configs = {
         f.__name__: f for f in (tiny, ddpo, tiny_per_step, tiny_kl, compressibility, incompressibility,
-                                 aesthetic, tiny_flow, tiny_flow_window, recam)
+                                 aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny)
     }
     if name not in configs:
         raise ValueError(f"unknown config name {name!r}; choose one of: {', '.join(sorted(configs))}")

@@ -23,12 +23,15 @@ class RunState:
     epoch: int = 0  # next epoch to run
     global_step: int = 0  # optimizer steps taken
     history: list = field(default_factory=list)  # per-epoch reward means, for the reward curve
+    timesteps_per_call: int = 0  # chosen by the auto probe (train.timesteps_per_call = 0)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"epoch": self.epoch, "global_step": self.global_step, "history": list(self.history)}
+        return {"epoch": self.epoch, "global_step": self.global_step, "history": list(self.history),
+                "timesteps_per_call": self.timesteps_per_call}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.epoch, self.global_step, self.history = state["epoch"], state["global_step"], list(state["history"])
+        self.timesteps_per_call = int(state.get("timesteps_per_call", 0))
 
 
 @dataclass
@@ -92,8 +95,8 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"train.kl_type={t.kl_type!r}; choose 'gaussian' or 'k3'")
     if not 0 <= t.reference_model_mixup_alpha <= 1:
         raise ConfigError(f"train.reference_model_mixup_alpha={t.reference_model_mixup_alpha} must be in [0, 1]")
-    if int(t.timesteps_per_call) < 1:
-        raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1")
+    if int(t.timesteps_per_call) < 0:
+        raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1, or 0 for auto")
     if config.tracker.std_mode not in STD_MODES:
         raise ConfigError(f"tracker.std_mode={config.tracker.std_mode!r}; choose one of {STD_MODES}")
     if config.reward.per_step not in PER_STEP:

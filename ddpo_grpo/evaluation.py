@@ -48,7 +48,7 @@ def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
         for k, v in res.details.items():
             details.setdefault(k, []).append(v)
         images.append(traj.images.cpu())
-        captions += [f"{p} | r={r:.2f}" for p, r in zip(prompts, res.final)]
+        captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
     gather = lambda a: acc.gather(torch.as_tensor(np.concatenate(a), device=acc.device)).cpu().numpy()  # noqa: E731
     all_scores = gather(scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}

@@ -72,7 +72,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     ctx.state.history.append(entry)
     if acc.is_main_process and config.logging.image_freq and epoch % config.logging.image_freq == 0:
         n = min(config.logging.num_images, len(samples))
-        caps = [f"{samples.prompts[i]} | r={rewards.final[i]:.2f}" for i in range(n)]
+        caps = [f"#{int(samples.keys[i])} {samples.prompts[i]} | r={rewards.final[i]:.2f}" for i in range(n)]
         grid = labelled_grid(samples.images[:n], caps)
         save_grid(grid, ctx.run_dir, f"train_epoch_{epoch:04d}.png")
         log_images(acc, "train_samples", grid, epoch, samples.images[:n], caps)

@@ -25,7 +25,36 @@ def _zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
     return sum(p.reshape(-1)[0] * 0.0 for p in params)
 
 
-def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int):
+def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
+    """`train.timesteps_per_call = 0` (auto): time one forward+backward of b x S rows for S = 1, 2, 4, 8 on this
+    epoch's samples and keep the S with the lowest time per sample-step. Gradients are discarded."""
+    import time
+
+    config = ctx.config
+    N, T = samples.log_probs.shape
+    T_train = max(1, int(round(T * config.train.timestep_fraction)))
+    b = min(config.train.batch_size, N)
+    adv = torch.zeros(N)
+    mask = torch.ones(N, dtype=torch.bool)
+    params = [p for p in ctx.unet.parameters() if p.requires_grad]
+    best, best_t = 1, float("inf")
+    for S in [s for s in (1, 2, 4, 8) if s <= T_train]:
+        idx = torch.arange(b)
+        cols = torch.stack([torch.arange(S) % T for _ in range(b)])
+        times = []
+        for _ in range(2):  # the first call pays for allocation; keep the faster
+            t0 = time.perf_counter()
+            loss, _ = _call_loss(ctx, settings, samples, adv.to(ctx.accelerator.device), mask.to(ctx.accelerator.device),
+                                 idx, cols, None, params)
+            loss.backward()
+            times.append((time.perf_counter() - t0) / (b * S))
+        ctx.optimizer.zero_grad(set_to_none=True)
+        if min(times) < best_t:
+            best, best_t = S, min(times)
+    return best
+
+
+def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, per_call: int = 0):
     """The epoch's call plan: list of (sample indices (b,), timestep columns (b, S)).
 
     Samples are shuffled, each sample trains a random subset of round(T * timestep_fraction) of its steps,
@@ -33,7 +62,7 @@ def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int):
     """
     g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
     T_train = max(1, int(round(T * config.train.timestep_fraction)))
-    S = max(1, min(int(config.train.timesteps_per_call), T_train))
+    S = max(1, min(int(per_call or config.train.timesteps_per_call), T_train))
     perm = torch.randperm(N, generator=g)
     tperm = torch.stack([torch.randperm(T, generator=g) for _ in range(N)])[:, :T_train]
     calls = []
@@ -59,8 +88,14 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     clip_high = config.train.clip_range_high if config.train.clip_range_high >= 0 else None
     logs: Dict[str, List[float]] = defaultdict(list)
     ctx.unet.train()
+    per_call = int(config.train.timesteps_per_call)
+    if per_call == 0:  # auto: probed once, kept in the run state (a resumed run must make the same choice)
+        if not ctx.state.timesteps_per_call:
+            probe = torch.tensor(probe_timesteps_per_call(ctx, samples, settings), device=device)
+            ctx.state.timesteps_per_call = int(acc.gather(probe.reshape(1)).max())  # every process must agree
+        per_call = ctx.state.timesteps_per_call
     for inner in range(config.train.num_inner_epochs):
-        calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index)
+        calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call)
         group = config.train.gradient_accumulation_steps * per_mb
         for start in range(0, len(calls), group):
             chunk = calls[start:start + group]
@@ -93,6 +128,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     for k in counts:
         out[k] = float(sum(logs.get(k, [])))
     out["lr"] = ctx.lr_scheduler.get_last_lr()[0]
+    out["timesteps_per_call"] = float(per_call)
     return out
 
 

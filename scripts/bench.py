@@ -1,0 +1,554 @@
+"""Benchmarks: where the time and memory of a training epoch go, against the compute floor, and how fast
+GRPO learns against DDPO.
+
+    python scripts/bench.py                                   # defaults: tiny, 2 epochs, B 8,16, CFG off/on,
+                                                              # default + tuned malloc (about 10 min on 2 cores)
+    python scripts/bench.py --config config/grpo.py:tiny --epochs 2 --batch-sizes 8,16 --cfg both \\
+        --malloc default,tuned --timesteps-per-call 1,4 --out bench_results/
+    python scripts/bench.py --efficacy --efficacy-epochs 10   # GRPO (tiny) vs DDPO (ddpo): eval accuracy curves
+    python scripts/bench.py --set sample.num_steps=10 --set train.timestep_fraction=1.0   # any config override
+
+For each (per-device batch size B, CFG off/on, allocator, timesteps per call S) the real trainer runs as a
+subprocess; per-phase wall seconds and samples come from its summary.json (the first epoch is a warm-up and
+is skipped when there is more than one), peak RSS from the kernel's accounting of that one child (wait4).
+Right before, a bare-loop subprocess (ddpo_grpo/bench_floor.py) times the floor with the same model and
+geometry: (a) the sampling forwards and (b) the training forward+backward calls with AdamW steps, nothing else.
+overhead = epoch seconds / floor seconds; peak RSS / floor RSS likewise.
+
+Everything goes to <out>/bench.json (schema in the README of the issue / the report), a markdown table to
+stdout, trainer logs and summaries to <out>/runs/, and with --efficacy a plot to <out>/efficacy.png.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184"}  # = Makefile's CPU_MALLOC
+PHASES = ("sampling", "reward", "advantages", "verification", "training", "eval")
+GUIDANCE_ON = 3.0
+
+
+# ----------------------------------------------------------------------------------------------- processes
+
+def child_env(malloc: str = "default", threads: Optional[int] = None) -> Dict[str, str]:
+    """The parent's environment, offline, with exactly the requested allocator settings."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    for k in TUNED_MALLOC:
+        env.pop(k, None)
+    if malloc == "tuned":
+        env.update(TUNED_MALLOC)
+    elif malloc != "default":
+        raise ValueError(f"unknown malloc mode {malloc!r}; choose default or tuned")
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_measured(cmd: Sequence[str], env: Dict[str, str], log_path: str, timeout: float) -> Dict:
+    """Run cmd to completion with stdout+stderr to log_path. Returns returncode, wall seconds and the peak
+    RSS of this child alone (os.wait4's rusage: not mixed with earlier measurements)."""
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(list(cmd), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline, timed_out = time.monotonic() + timeout, False
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
+    return {"returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
+            "peak_rss_mb": usage.ru_maxrss / 1024.0,  # Linux: KB
+            "timed_out": timed_out, "log": log_path}
+
+
+def log_tail(path: str, n: int = 3000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return ""
+
+
+def config_args(config: str, overrides: Sequence[str]) -> List[str]:
+    return ["--config", config] + [f"--config.{o}" for o in overrides]
+
+
+def normalize_overrides(items: Sequence[str]) -> List[str]:
+    out = []
+    for item in items:
+        item = item[2:] if item.startswith("--") else item
+        item = item[len("config."):] if item.startswith("config.") else item
+        if "=" not in item:
+            raise SystemExit(f"--set {item!r}: expected key=value, e.g. --set train.beta=0.01")
+        out.append(item)
+    return out
+
+
+def geometry_overrides(batch_size: int, cfg: bool, tpc: int) -> List[str]:
+    return [f"sample.batch_size={batch_size}", f"train.batch_size={batch_size}",
+            f"sample.guidance_scale={GUIDANCE_ON if cfg else 1.0}", f"train.timesteps_per_call={tpc}"]
+
+
+# ------------------------------------------------------------------------------------------- measurements
+
+def measure_floor(config: str, batch_size: int, cfg: bool, tpc: int = 1, overrides: Sequence[str] = (),
+                  malloc: str = "tuned", workdir: str = ".", threads: Optional[int] = None,
+                  timeout: float = 1800) -> Dict:
+    """The bare-loop floor of one epoch at this geometry, in its own subprocess."""
+    name = f"floor_b{batch_size}_{'cfg' if cfg else 'nocfg'}_s{tpc}"
+    out = os.path.join(workdir, name + ".json")
+    cmd = [sys.executable, "-m", "ddpo_grpo.bench_floor", *config_args(config, [
+        *geometry_overrides(batch_size, cfg, tpc), *overrides]), f"--out={out}"]
+    load_before = os.getloadavg()[0]
+    r = run_measured(cmd, child_env(malloc, threads), os.path.join(workdir, name + ".log"), timeout)
+    res = {"name": name, "batch_size": batch_size, "cfg": cfg, "timesteps_per_call": tpc, "malloc": malloc,
+           "peak_rss_mb": r["peak_rss_mb"], "process_wall_s": r["wall_s"], "returncode": r["returncode"],
+           "loadavg_before": load_before}
+    if r["returncode"] != 0 or not os.path.exists(out):
+        res["error"] = log_tail(r["log"])
+        return res
+    with open(out) as f:
+        res.update({k: v for k, v in json.load(f).items() if k not in res})
+    return res
+
+
+def measure_trainer(config: str, batch_size: Optional[int], cfg: Optional[bool], epochs: int, malloc: str = "default",
+                    tpc: Optional[int] = 1, overrides: Sequence[str] = (), workdir: str = ".", name: str = "",
+                    eval_freq: int = 0, threads: Optional[int] = None, timeout: float = 3600) -> Dict:
+    """One real trainer run (scripts/train.py) as a subprocess; per-phase seconds from its summary.json.
+
+    batch_size / cfg / tpc None keep the config's own values (efficacy runs)."""
+    geo = []
+    if batch_size is not None:
+        geo += [f"sample.batch_size={batch_size}", f"train.batch_size={batch_size}"]
+    if cfg is not None:
+        geo.append(f"sample.guidance_scale={GUIDANCE_ON if cfg else 1.0}")
+    if tpc is not None:
+        geo.append(f"train.timesteps_per_call={tpc}")
+    name = name or f"train_b{batch_size}_{'cfg' if cfg else 'nocfg'}_{malloc}_s{tpc}"
+    logdir = tempfile.mkdtemp(prefix="bench_", dir=workdir)
+    args = [f"num_epochs={epochs}", *geo, f"eval_freq={eval_freq}", "save_freq=0", "logging.wandb=False",
+            "logging.image_freq=0", f"logdir={logdir}", f"run_name={name}", *overrides]
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), *config_args(config, args)]
+    load_before = os.getloadavg()[0]
+    r = run_measured(cmd, child_env(malloc, threads), os.path.join(workdir, name + ".log"), timeout)
+    res = {"name": name, "config": config, "batch_size": batch_size, "cfg": cfg, "malloc": malloc,
+           "timesteps_per_call": tpc, "epochs": epochs, "peak_rss_mb": r["peak_rss_mb"],
+           "process_wall_s": r["wall_s"], "returncode": r["returncode"], "loadavg_before": load_before}
+    summary_path = os.path.join(logdir, name, "summary.json")
+    if r["returncode"] != 0 or not os.path.exists(summary_path):
+        res["error"] = ("timed out\n" if r["timed_out"] else "") + log_tail(r["log"])
+        shutil.rmtree(logdir, ignore_errors=True)
+        return res
+    with open(summary_path) as f:
+        summary = json.load(f)
+    shutil.copy(summary_path, os.path.join(workdir, name + "_summary.json"))
+    shutil.rmtree(logdir, ignore_errors=True)
+    hist = summary["history"]
+    res["history"] = hist
+    measured = hist[1:] if len(hist) > 1 else hist
+    res["warmup_skipped"] = len(hist) > 1
+    res["measured_epochs"] = [h["epoch"] for h in measured]
+    n = len(measured)
+    res["epoch_s"] = sum(h["time"] for h in measured) / n
+    res["phases_s"] = {p: sum(h["phases"].get(p, 0.0) for h in measured) / n
+                       for p in dict.fromkeys(list(PHASES) + [k for h in measured for k in h["phases"]])
+                       if any(p in h["phases"] for h in measured)}
+    res["samples_per_epoch"] = sum(h["samples"] for h in measured) / n
+    res["samples_per_s"] = res["samples_per_epoch"] / res["epoch_s"] if res["epoch_s"] > 0 else None
+    res["run_seconds"] = summary.get("seconds")
+    return res
+
+
+def pretrained_eval(config: str, overrides: Sequence[str], workdir: str, malloc: str, threads: Optional[int],
+                    timeout: float = 1800) -> Dict:
+    """The trainer's deterministic eval of the untrained model (samples = 0 on the learning curve)."""
+    tag = config.replace("/", "_").replace(":", "_").replace(".py", "")
+    out = os.path.join(workdir, f"pretrained_eval_{tag}.json")
+    cmd = [sys.executable, "-m", "ddpo_grpo.bench_floor", "--mode=eval", *config_args(config, overrides),
+           f"--out={out}"]
+    r = run_measured(cmd, child_env(malloc, threads), out[:-5] + ".log", timeout)
+    if r["returncode"] != 0 or not os.path.exists(out):
+        return {"error": log_tail(r["log"])}
+    with open(out) as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------------------------- bench
+
+def ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def attach_floor(run: Dict, fl: Optional[Dict]) -> None:
+    run["floor"] = fl["name"] if fl else None
+    if not fl or "error" in fl or "error" in run:
+        return
+    run["floor_s"] = fl["total_s"]
+    run["overhead"] = ratio(run["epoch_s"], fl["total_s"])
+    run["overhead_sampling"] = ratio(run["phases_s"].get("sampling"), fl["sampling_s"])
+    run["overhead_training"] = ratio(run["phases_s"].get("training"), fl["training_s"])
+    run["rss_over_floor"] = ratio(run["peak_rss_mb"], fl["peak_rss_mb"])
+    run["rss_over_floor_estimate"] = ratio(run["peak_rss_mb"], fl["memory_estimate_mb"]["total_mb"])
+
+
+def gains(runs: List[Dict]) -> List[Dict]:
+    """Each change against (1 timestep per call, default allocator) at the same B and CFG."""
+    ok = {(r["batch_size"], r["cfg"], r["malloc"], r["timesteps_per_call"]): r for r in runs if "error" not in r}
+    out = []
+    for (B, cfg, malloc, tpc), r in ok.items():
+        base = ok.get((B, cfg, "default", 1))
+        if base is None or r is base:
+            continue
+        what = [w for w, on in ((f"malloc={malloc}", malloc != "default"), (f"timesteps_per_call={tpc}", tpc != 1)) if on]
+        out.append({"batch_size": B, "cfg": cfg, "change": " + ".join(what), "malloc": malloc, "timesteps_per_call": tpc,
+                    "epoch_s": r["epoch_s"], "baseline_epoch_s": base["epoch_s"],
+                    "speedup": ratio(base["epoch_s"], r["epoch_s"]),
+                    "training_speedup": ratio(base["phases_s"].get("training"), r["phases_s"].get("training")),
+                    "peak_rss_mb": r["peak_rss_mb"], "baseline_peak_rss_mb": base["peak_rss_mb"]})
+    return out
+
+
+def run_bench(args) -> Dict:
+    os.makedirs(args.out, exist_ok=True)
+    workdir = os.path.join(args.out, "runs")
+    os.makedirs(workdir, exist_ok=True)
+    config = resolve_config(args.config)
+    overrides = normalize_overrides(args.set)
+    cfgs = {"off": [False], "on": [True], "both": [False, True]}[args.cfg]
+    mallocs = [m.strip() for m in args.malloc.split(",") if m.strip()]
+    tpcs = [int(s) for s in str(args.timesteps_per_call).split(",") if s.strip()]
+    batch_sizes = [int(b) for b in str(args.batch_sizes).split(",") if b.strip()]
+    for m in mallocs:
+        child_env(m)  # validates
+    result = {"meta": meta(args, config, overrides, batch_sizes, cfgs, mallocs, tpcs), "floors": [], "runs": []}
+    t_start = time.time()
+    if not args.no_speed:
+        for B in batch_sizes:
+            for cfg in cfgs:
+                for tpc in tpcs:
+                    fl = None
+                    if not args.no_floor:
+                        say(f"floor   B={B} cfg={'on' if cfg else 'off'} S={tpc} ...")
+                        fl = measure_floor(config, B, cfg, tpc, overrides, args.floor_malloc, workdir, args.threads,
+                                           args.run_timeout)
+                        result["floors"].append(fl)
+                        say(f"        {fl.get('total_s', float('nan')):.2f} s" if "error" not in fl
+                            else "        FAILED:\n" + fl["error"])
+                    for malloc in mallocs:
+                        say(f"trainer B={B} cfg={'on' if cfg else 'off'} S={tpc} malloc={malloc} ...")
+                        run = measure_trainer(config, B, cfg, args.epochs, malloc, tpc, overrides, workdir,
+                                              threads=args.threads, timeout=args.run_timeout)
+                        attach_floor(run, fl)
+                        run.pop("history", None)
+                        result["runs"].append(run)
+                        say(f"        {run['epoch_s']:.2f} s/epoch" if "error" not in run
+                            else "        FAILED:\n" + run["error"])
+        result["gains"] = gains(result["runs"])
+    result["efficacy"] = run_efficacy(args, overrides, workdir) if args.efficacy else None
+    result["meta"]["total_wall_s"] = time.time() - t_start
+    result["meta"]["loadavg_end"] = os.getloadavg()
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return result
+
+
+def resolve_config(spec: str) -> str:
+    """config file paths relative to the caller's directory or the repo; subprocesses run in the repo."""
+    path, _, name = spec.partition(":")
+    for base in (os.getcwd(), ROOT):
+        if os.path.isfile(os.path.join(base, path)):
+            path = os.path.abspath(os.path.join(base, path))
+            break
+    else:
+        raise SystemExit(f"--config {spec!r}: no such config file")
+    return f"{path}:{name}" if name else path
+
+
+def meta(args, config, overrides, batch_sizes, cfgs, mallocs, tpcs) -> Dict:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(), "threads": args.threads or os.environ.get("OMP_NUM_THREADS"),
+        "config": config, "epochs": args.epochs, "batch_sizes": batch_sizes, "cfg": cfgs,
+        "guidance_scale_on": GUIDANCE_ON, "malloc": mallocs, "tuned_malloc_env": TUNED_MALLOC,
+        "floor_malloc": args.floor_malloc, "timesteps_per_call": tpcs, "overrides": overrides,
+        "no_speed": args.no_speed, "no_floor": args.no_floor,
+    }
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------- efficacy
+
+def eval_metric(entry: Dict, metric: str) -> Optional[float]:
+    if metric in entry:
+        return entry[metric]
+    if metric == "eval/reward_mean":
+        return entry.get("eval_reward_mean")
+    return None
+
+
+def curve(history: List[Dict], metric: str) -> List[Dict]:
+    """Per epoch: cumulative samples, cumulative wall seconds without eval, the metric and eval reward."""
+    pts, samples, wall = [], 0, 0.0
+    for h in history:
+        samples += h["samples"]
+        wall += h["time"] - h["phases"].get("eval", 0.0)
+        pts.append({"epoch": h["epoch"], "samples": samples, "wall_s": wall, "metric": eval_metric(h, metric),
+                    "eval_reward_mean": h.get("eval_reward_mean")})
+    return pts
+
+
+def first_reach(points: List[Dict], target: float, start: Optional[float]) -> Dict:
+    """First eval point at or above target, and the samples linearly interpolated to the crossing."""
+    if start is not None and start >= target:
+        return {"reached": True, "epoch": None, "samples": 0, "samples_interp": 0.0, "wall_s": 0.0}
+    prev = {"samples": 0, "wall_s": 0.0, "metric": start}
+    for p in points:
+        if p["metric"] is not None and p["metric"] >= target:
+            interp = p["samples"]
+            if prev["metric"] is not None and p["metric"] > prev["metric"]:
+                f = (target - prev["metric"]) / (p["metric"] - prev["metric"])
+                interp = prev["samples"] + max(0.0, min(1.0, f)) * (p["samples"] - prev["samples"])
+            return {"reached": True, "epoch": p["epoch"], "samples": p["samples"], "samples_interp": interp,
+                    "wall_s": p["wall_s"]}
+        if p["metric"] is not None:
+            prev = p
+    return {"reached": False, "epoch": None, "samples": None, "samples_interp": None, "wall_s": None}
+
+
+def run_efficacy(args, overrides: List[str], workdir: str) -> Dict:
+    configs = [resolve_config(c.strip()) for c in args.efficacy_configs.split(",") if c.strip()]
+    malloc = args.malloc.split(",")[0].strip()
+    out = {"configs": configs, "epochs": args.efficacy_epochs, "metric": args.metric, "malloc": malloc, "runs": {}}
+    for config in configs:
+        label = config.rsplit(":", 1)[-1]
+        say(f"efficacy: pretrained eval for {label} ...")
+        pre = pretrained_eval(config, overrides, workdir, malloc, args.threads, args.run_timeout)
+        say(f"efficacy: training {label} for {args.efficacy_epochs} epochs with eval every epoch ...")
+        run = measure_trainer(config, None, None, args.efficacy_epochs, malloc, None, overrides, workdir,
+                              name=f"efficacy_{label}", eval_freq=1, threads=args.threads,
+                              timeout=args.run_timeout * 4)
+        entry = {"config": config, "peak_rss_mb": run.get("peak_rss_mb"), "process_wall_s": run.get("process_wall_s")}
+        if "error" in pre:
+            entry["pretrained_error"] = pre["error"]
+        else:
+            entry["start"] = pre["metrics"].get(args.metric)
+            entry["start_eval_reward_mean"] = pre["metrics"].get("eval/reward_mean")
+        if "error" in run:
+            entry["error"] = run["error"]
+        else:
+            entry["curve"] = curve(run["history"], args.metric)
+            entry["final"] = entry["curve"][-1]["metric"] if entry["curve"] else None
+        out["runs"][label] = entry
+    ok = [e for e in out["runs"].values() if e.get("curve")]
+    starts = [e["start"] for e in out["runs"].values() if e.get("start") is not None]
+    finals = [e["final"] for e in ok if e.get("final") is not None]
+    start = sum(starts) / len(starts) if starts else (min(e["curve"][0]["metric"] for e in ok
+                                                          if e["curve"][0]["metric"] is not None) if ok else None)
+    target, note = args.target, None
+    if target is None and start is not None and finals:
+        if max(finals) > start:
+            target = start + 0.5 * (max(finals) - start)
+        else:
+            note = f"no run ended above the start value {start:.4f}: no default target (give --target)"
+    out["start"], out["target"], out["target_note"] = start, target, note
+    if target is not None:
+        for e in ok:
+            e["to_target"] = first_reach(e["curve"], target, e.get("start", start))
+    if ok:
+        out["plot"] = plot_efficacy(out, os.path.join(args.out, "efficacy.png"))
+    return out
+
+
+def plot_efficacy(eff: Dict, path: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, e in eff["runs"].items():
+        if not e.get("curve"):
+            continue
+        pts = [p for p in e["curve"] if p["metric"] is not None]
+        xs, ws, ys = [p["samples"] for p in pts], [p["wall_s"] for p in pts], [p["metric"] for p in pts]
+        if e.get("start") is not None:
+            xs, ws, ys = [0] + xs, [0.0] + ws, [e["start"]] + ys
+        axes[0].plot(xs, ys, marker="o", label=label)
+        axes[1].plot(ws, ys, marker="o", label=label)
+    for ax, xl in zip(axes, ("cumulative samples", "cumulative wall seconds (without eval)")):
+        if eff.get("target") is not None:
+            ax.axhline(eff["target"], color="gray", ls="--", lw=1, label=f"target {eff['target']:.3f}")
+        ax.set_xlabel(xl)
+        ax.set_ylabel(eff["metric"])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("held-out eval accuracy (deterministic sampling)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+def onoff(v) -> str:
+    return "on" if v else "off"
+
+
+def fmt(v, spec=".2f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(result: Dict) -> str:
+    out = []
+    m = result["meta"]
+    speed = "" if m.get("no_speed") else (f", {m['epochs']} epochs per run"
+                                          f" ({'first skipped as warm-up' if m['epochs'] > 1 else 'warm-up included'})")
+    out.append(f"# bench {m['date']}: {m['config']}{speed}, "
+               f"{m['cpus']} CPUs, load {m['loadavg_start'][0]:.2f} at start"
+               + (f", overrides {' '.join(m['overrides'])}" if m["overrides"] else ""))
+    if m["loadavg_start"][0] > 0.5 * (m["cpus"] or 1):
+        out.append(f"\n**warning**: load average {m['loadavg_start'][0]:.2f} at start: another process competes "
+                   "for the CPUs and the numbers below are not representative.")
+    if result["floors"]:
+        out.append("\n## Floor: bare denoiser loops (same model, geometry and optimizer, nothing else)\n")
+        rows = []
+        for f in result["floors"]:
+            if "error" in f:
+                rows.append([f["batch_size"], onoff(f["cfg"]), f["timesteps_per_call"], "FAILED"] + [None] * 8)
+                continue
+            est = f["memory_estimate_mb"]
+            rows.append([f["batch_size"], onoff(f["cfg"]), f["timesteps_per_call"], f["sampling_s"], f["training_s"],
+                         f["total_s"], f"{f['sampling_forwards']}x{f['sampling_rows_per_forward']}",
+                         f"{f['train_calls']} ({f['train_sample_timesteps']} rows)", f["optimizer_steps"],
+                         f["peak_rss_mb"], est["total_mb"],
+                         f"{est['runtime_mb']:.0f}+{est['weights_mb']:.1f}+{est['grads_mb']:.1f}+"
+                         f"{est['adam_mb']:.1f}+{est['activations_mb']:.1f}"])
+        out.append(table(["B", "CFG", "S", "(a) sampling s", "(b) training s", "floor s", "forwards x rows",
+                          "train calls", "opt steps", "peak RSS MB", "est. MB",
+                          "est. = runtime+weights+grads+adam+activations"], rows))
+    if result["runs"]:
+        out.append("\n## Trainer epochs against the floor (seconds per epoch; overhead = trainer / floor)\n")
+        rows = []
+        for r in result["runs"]:
+            if "error" in r:
+                rows.append([r["batch_size"], onoff(r["cfg"]), r["malloc"], r["timesteps_per_call"], "FAILED"] + [None] * 13)
+                continue
+            p = r["phases_s"]
+            rows.append([r["batch_size"], onoff(r["cfg"]), r["malloc"], r["timesteps_per_call"], r["epoch_s"],
+                         p.get("sampling"), p.get("reward"), p.get("advantages"), p.get("verification"),
+                         p.get("training"), r["samples_per_s"], r.get("floor_s"), r.get("overhead"),
+                         r.get("overhead_sampling"), r.get("overhead_training"), r["peak_rss_mb"],
+                         r.get("rss_over_floor"), r.get("rss_over_floor_estimate")])
+        out.append(table(["B", "CFG", "malloc", "S", "epoch s", "sampling", "reward", "advantages", "verification",
+                          "training", "samples/s", "floor s", "overhead", "sampling/(a)", "training/(b)",
+                          "peak RSS MB", "RSS/floor RSS", "RSS/est."], rows))
+    if result.get("gains"):
+        out.append("\n## Gains against (1 timestep per call, default allocator), same B and CFG\n")
+        out.append(table(["B", "CFG", "change", "epoch s", "baseline s", "speedup", "training speedup",
+                          "peak RSS MB", "baseline RSS MB"],
+                         [[g["batch_size"], onoff(g["cfg"]), g["change"], g["epoch_s"], g["baseline_epoch_s"], g["speedup"],
+                           g["training_speedup"], g["peak_rss_mb"], g["baseline_peak_rss_mb"]]
+                          for g in result["gains"]]))
+    eff = result.get("efficacy")
+    if eff:
+        out.append(f"\n## Learning efficacy: {eff['metric']} on held-out conditions ({eff['epochs']} epochs)\n")
+        rows = []
+        for label, e in eff["runs"].items():
+            f4 = lambda v: fmt(v, ".4f")  # noqa: E731
+            if e.get("start") is not None:
+                rows.append([label, "pretrained", 0, 0.0, f4(e["start"]), f4(e.get("start_eval_reward_mean"))])
+            for p in e.get("curve", []):
+                rows.append([label, p["epoch"], p["samples"], p["wall_s"], f4(p["metric"]), f4(p["eval_reward_mean"])])
+            if "error" in e:
+                rows.append([label, "FAILED", None, None, None, None])
+        out.append(table(["config", "epoch", "cum. samples", "cum. wall s (no eval)", eff["metric"],
+                          "eval reward"], rows))
+        if eff.get("target") is not None:
+            out.append(f"\ntarget {eff['target']:.4f} (start {fmt(eff['start'], '.4f')}):\n")
+            out.append(table(["config", "final", "reached", "epoch", "samples", "samples (interp.)", "wall s"],
+                             [[label, fmt(e.get("final"), ".4f"), (e.get("to_target") or {}).get("reached"),
+                               *[(e.get("to_target") or {}).get(k) for k in ("epoch", "samples", "samples_interp",
+                                                                              "wall_s")]]
+                              for label, e in eff["runs"].items()]))
+        if eff.get("target_note"):
+            out.append(f"\n{eff['target_note']}")
+        if eff.get("plot"):
+            out.append(f"\nplot: {eff['plot']}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> Dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="config/grpo.py:tiny")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per trainer run; the first is skipped when > 1")
+    ap.add_argument("--batch-sizes", default="8,16", help="per-device sample and train batch sizes, comma-separated")
+    ap.add_argument("--cfg", choices=("off", "on", "both"), default="both",
+                    help=f"classifier-free guidance: guidance_scale 1.0 (off) and/or {GUIDANCE_ON} (on)")
+    ap.add_argument("--malloc", default="default,tuned",
+                    help="trainer allocator settings: default (glibc) and/or tuned (" +
+                         " ".join(f"{k}={v}" for k, v in TUNED_MALLOC.items()) + ")")
+    ap.add_argument("--timesteps-per-call", default="1", help="train.timesteps_per_call values, e.g. 1,4")
+    ap.add_argument("--floor-malloc", choices=("default", "tuned"), default="tuned",
+                    help="allocator of the bare-loop floor subprocess (the floor should be the best case)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the floor measurements")
+    ap.add_argument("--no-speed", action="store_true", help="skip the speed grid (e.g. with --efficacy only)")
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every subprocess (default: inherit)")
+    ap.add_argument("--set", action="append", default=[], nargs="+", metavar="KEY=VALUE",
+                    help="config override passed to every subprocess as --config.KEY=VALUE (repeatable)")
+    ap.add_argument("--efficacy", action="store_true", help="also run the GRPO vs DDPO learning-efficacy comparison")
+    ap.add_argument("--efficacy-configs", default="config/grpo.py:tiny,config/grpo.py:ddpo")
+    ap.add_argument("--efficacy-epochs", type=int, default=10)
+    ap.add_argument("--metric", default="eval/toyworld/strict_accuracy", help="eval metric of the efficacy curves")
+    ap.add_argument("--target", type=float, default=None,
+                    help="efficacy target (default: halfway between the start and the best final value)")
+    ap.add_argument("--run-timeout", type=float, default=1800, help="seconds before a subprocess is killed")
+    ap.add_argument("--out", default="bench_results/")
+    args = ap.parse_args(argv)
+    args.set = [s for group in args.set for s in group]
+    result = run_bench(args)
+    print(report(result))
+    print(f"\nwritten: {os.path.join(args.out, 'bench.json')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""train_epoch on a tiny in-memory model: on-policy ratio 1 before the first step, KL path with the EMA
+reference, and a non-finite loss that is skipped and counted instead of reaching the weights."""
+import types
+
+import ml_collections
+import torch
+from accelerate import Accelerator
+
+from ddpo_grpo.advantages import EpochAdvantages
+from ddpo_grpo.build import RunState
+from ddpo_grpo.diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings
+from ddpo_grpo.reference import EMAReference
+from ddpo_grpo.sampling import EpochSamples
+from ddpo_grpo.training import train_epoch
+
+from helpers import ddim_scheduler, tiny_unet
+
+N, T = 8, 4
+
+
+def make_ctx(beta=0.0, per_call=1, lr=1e-4):
+    cfg = ml_collections.ConfigDict(dict(
+        seed=0,
+        sample=dict(guidance_scale=2.0, eta=1.0, noise_level=0.7, sde_type="sde"),
+        train=dict(cfg=True, batch_size=4, timestep_fraction=1.0, timesteps_per_call=per_call, num_inner_epochs=1,
+                   gradient_accumulation_steps=1, max_grad_norm=1.0, clip_range=1e-3, clip_range_high=-1.0,
+                   adv_clip_max=5.0, beta=beta, kl_type="gaussian"),
+    ))
+    acc = Accelerator(cpu=True)
+    unet = tiny_unet()
+    unet.requires_grad_(True)
+    opt = torch.optim.AdamW(unet.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    ref = EMAReference(unet, alpha=0.5, update_freq=1) if beta > 0 else None
+    pipe = types.SimpleNamespace(scheduler=ddim_scheduler(), family="ddim")
+    return types.SimpleNamespace(config=cfg, accelerator=acc, unet=unet, optimizer=opt, lr_scheduler=sched,
+                                 reference=ref, supervised=None, state=RunState(), pipe=pipe)
+
+
+def make_samples(ctx):
+    g = torch.Generator().manual_seed(0)
+    emb, neg = torch.randn(N, 5, 8, generator=g), torch.randn(N, 5, 8, generator=g)
+    traj = pipeline_with_logprob(ctx.unet, ctx.pipe.scheduler, SamplerSettings(guidance_scale=2.0), emb, neg,
+                                 num_inference_steps=T, sample_shape=(3, 8, 8), generator=g)
+    samples = EpochSamples(traj.latents, traj.log_probs, traj.timesteps, traj.step_indices, emb, neg, traj.images,
+                           torch.arange(N) // 4, [""] * N, [{}] * N)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+    epoch_adv = EpochAdvantages(adv, torch.ones(N, dtype=torch.bool), None, None, None, None, 0, 0)
+    return samples, epoch_adv
+
+
+def test_update_is_on_policy_first_and_moves_weights():
+    ctx = make_ctx(per_call=2)
+    samples, adv = make_samples(ctx)
+    before = [p.detach().clone() for p in ctx.unet.parameters()]
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    assert m["onpolicy_ratio_max_dev"] < 1e-6  # same weights, same CFG: exp(logp - logp_old) == 1
+    assert ctx.state.global_step == 2  # 8 samples / batch 4 = 2 optimizer steps (accumulating 4 timesteps / 2 per call)
+    assert m["nonfinite_loss"] == 0 and m["skipped_steps"] == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
+
+
+def test_kl_to_ema_reference_without_gradients_to_it():
+    ctx = make_ctx(beta=0.1)
+    samples, adv = make_samples(ctx)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    assert m["kl"] >= 0 and ctx.reference.num_updates == 2
+    assert all(not t.requires_grad and t.grad is None for t in ctx.reference.tensors.values())
+    # after two mixes with alpha 0.5 the reference sits strictly between start and policy
+    assert m["kl"] < 1.0
+
+
+def test_nonfinite_loss_is_skipped_and_counted():
+    ctx = make_ctx()
+    samples, adv = make_samples(ctx)
+    samples.log_probs[0, :] = float("nan")  # the first micro-batch's old log-probs are corrupt
+    before = [p.detach().clone() for p in ctx.unet.parameters()]
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    assert m["nonfinite_loss"] == T  # every call holding sample 0 (4 timesteps, 1 per call)
+    for p in ctx.unet.parameters():
+        assert torch.isfinite(p).all()
+    assert any(not torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
