@@ -1,22 +1,40 @@
 """Benchmarks: where the time and memory of a training epoch go, against the compute floor, and how fast
 GRPO learns against DDPO.
 
-    python scripts/bench.py                                   # defaults: tiny, 2 epochs, B 8,16, CFG off/on,
-                                                              # default + tuned malloc (about 10 min on 2 cores)
+    python scripts/bench.py          # defaults: tiny, 2 epochs, B 8,16, CFG off/on, default + tuned malloc,
+                                     # 1 timestep per call (sized for <= 10 min on 2 idle cores)
     python scripts/bench.py --config config/grpo.py:tiny --epochs 2 --batch-sizes 8,16 --cfg both \\
         --malloc default,tuned --timesteps-per-call 1,4 --out bench_results/
-    python scripts/bench.py --efficacy --efficacy-epochs 10   # GRPO (tiny) vs DDPO (ddpo): eval accuracy curves
-    python scripts/bench.py --set sample.num_steps=10 --set train.timestep_fraction=1.0   # any config override
+    python scripts/bench.py --no-speed --efficacy --efficacy-epochs 10   # GRPO (tiny) vs DDPO (ddpo) learning curves
+    python scripts/bench.py --set sample.num_steps=10 train.timestep_fraction=1.0   # config overrides, every run
 
-For each (per-device batch size B, CFG off/on, allocator, timesteps per call S) the real trainer runs as a
-subprocess; per-phase wall seconds and samples come from its summary.json (the first epoch is a warm-up and
-is skipped when there is more than one), peak RSS from the kernel's accounting of that one child (wait4).
-Right before, a bare-loop subprocess (ddpo_grpo/bench_floor.py) times the floor with the same model and
-geometry: (a) the sampling forwards and (b) the training forward+backward calls with AdamW steps, nothing else.
-overhead = epoch seconds / floor seconds; peak RSS / floor RSS likewise.
+For each (per-device batch size B, CFG off/on, timesteps per call S, allocator) the real trainer runs as a
+subprocess (scripts/train.py); per-phase wall seconds and samples come from its summary.json (the first epoch
+is a warm-up and is skipped when there is more than one), peak RSS from the kernel's accounting of that one
+child (os.wait4). Right before, a bare-loop subprocess (ddpo_grpo/bench_floor.py) times the floor with the
+same model and geometry: (a) the sampling forwards and (b) the training forward+backward calls with AdamW
+steps, nothing else. overhead = epoch seconds / floor seconds; RSS likewise.
 
-Everything goes to <out>/bench.json (schema in the README of the issue / the report), a markdown table to
-stdout, trainer logs and summaries to <out>/runs/, and with --efficacy a plot to <out>/efficacy.png.
+Output: a markdown report on stdout (progress on stderr), <out>/bench.json, trainer/floor logs and summaries
+in <out>/runs/, and with --efficacy <out>/efficacy.png. bench.json:
+
+    meta      {date, command, cpus, cpu_busy_start, threads, config, epochs, batch_sizes, cfg, malloc,
+               timesteps_per_call, overrides, floor_malloc, floor_repeats, total_wall_s, ...}
+    floors    [{name, batch_size, cfg, timesteps_per_call, malloc, sampling_s (a), training_s (b), total_s,
+                sampling_forwards, sampling_rows_per_forward, train_calls, train_sample_timesteps,
+                optimizer_steps, reference_forwards, peak_rss_mb, rss_mb {runtime, loaded, peak_after_sampling,
+                peak}, memory_estimate_mb {runtime_mb, weights_mb, grads_mb, adam_mb, activations_mb, total_mb},
+                cpu_busy_before, ...}]
+    runs      [{name, batch_size, cfg, malloc, timesteps_per_call, epochs, measured_epochs, epoch_s,
+                phases_s {sampling, reward, advantages, verification, training[, eval]}, samples_per_epoch,
+                samples_per_s, peak_rss_mb, floor (name), floor_s, overhead, overhead_sampling,
+                overhead_training, rss_over_floor, rss_over_floor_estimate, cpu_busy_before, ...}]
+    gains     [{batch_size, cfg, change, malloc, timesteps_per_call, epoch_s, baseline_epoch_s, speedup,
+                training_speedup, peak_rss_mb, baseline_peak_rss_mb}]   baseline: S=1, default allocator
+    efficacy  null, or {metric, epochs, start, target, target_note, plot, runs: {<config name>: {start,
+                start_eval_reward_mean, final, curve: [{epoch, samples, wall_s, metric, eval_reward_mean}],
+                to_target: {reached, epoch, samples, samples_interp, wall_s}}}}
+A failed measurement carries "error" (the log's tail) instead of numbers; the exit status is then 1.
 """
 from __future__ import annotations
 
@@ -79,6 +97,23 @@ def run_measured(cmd: Sequence[str], env: Dict[str, str], log_path: str, timeout
             "timed_out": timed_out, "log": log_path}
 
 
+def cpu_busy(seconds: float = 0.5) -> Optional[float]:
+    """Share of all CPUs busy (not idle/iowait) over the next `seconds`, from /proc/stat: what other
+    processes take from a measurement that is about to start. None without /proc."""
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+
+    try:
+        t0, i0 = snap()
+        time.sleep(seconds)
+        t1, i1 = snap()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
+
+
 def log_tail(path: str, n: int = 3000) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -111,17 +146,17 @@ def geometry_overrides(batch_size: int, cfg: bool, tpc: int) -> List[str]:
 
 def measure_floor(config: str, batch_size: int, cfg: bool, tpc: int = 1, overrides: Sequence[str] = (),
                   malloc: str = "tuned", workdir: str = ".", threads: Optional[int] = None,
-                  timeout: float = 1800) -> Dict:
+                  timeout: float = 1800, repeats: int = 1) -> Dict:
     """The bare-loop floor of one epoch at this geometry, in its own subprocess."""
     name = f"floor_b{batch_size}_{'cfg' if cfg else 'nocfg'}_s{tpc}"
     out = os.path.join(workdir, name + ".json")
     cmd = [sys.executable, "-m", "ddpo_grpo.bench_floor", *config_args(config, [
-        *geometry_overrides(batch_size, cfg, tpc), *overrides]), f"--out={out}"]
-    load_before = os.getloadavg()[0]
+        *geometry_overrides(batch_size, cfg, tpc), *overrides]), f"--out={out}", f"--repeats={repeats}"]
+    busy = cpu_busy()
     r = run_measured(cmd, child_env(malloc, threads), os.path.join(workdir, name + ".log"), timeout)
     res = {"name": name, "batch_size": batch_size, "cfg": cfg, "timesteps_per_call": tpc, "malloc": malloc,
            "peak_rss_mb": r["peak_rss_mb"], "process_wall_s": r["wall_s"], "returncode": r["returncode"],
-           "loadavg_before": load_before}
+           "cpu_busy_before": busy}
     if r["returncode"] != 0 or not os.path.exists(out):
         res["error"] = log_tail(r["log"])
         return res
@@ -148,11 +183,11 @@ def measure_trainer(config: str, batch_size: Optional[int], cfg: Optional[bool],
     args = [f"num_epochs={epochs}", *geo, f"eval_freq={eval_freq}", "save_freq=0", "logging.wandb=False",
             "logging.image_freq=0", f"logdir={logdir}", f"run_name={name}", *overrides]
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), *config_args(config, args)]
-    load_before = os.getloadavg()[0]
+    busy = cpu_busy()
     r = run_measured(cmd, child_env(malloc, threads), os.path.join(workdir, name + ".log"), timeout)
     res = {"name": name, "config": config, "batch_size": batch_size, "cfg": cfg, "malloc": malloc,
            "timesteps_per_call": tpc, "epochs": epochs, "peak_rss_mb": r["peak_rss_mb"],
-           "process_wall_s": r["wall_s"], "returncode": r["returncode"], "loadavg_before": load_before}
+           "process_wall_s": r["wall_s"], "returncode": r["returncode"], "cpu_busy_before": busy}
     summary_path = os.path.join(logdir, name, "summary.json")
     if r["returncode"] != 0 or not os.path.exists(summary_path):
         res["error"] = ("timed out\n" if r["timed_out"] else "") + log_tail(r["log"])
@@ -181,7 +216,7 @@ def measure_trainer(config: str, batch_size: Optional[int], cfg: Optional[bool],
 def pretrained_eval(config: str, overrides: Sequence[str], workdir: str, malloc: str, threads: Optional[int],
                     timeout: float = 1800) -> Dict:
     """The trainer's deterministic eval of the untrained model (samples = 0 on the learning curve)."""
-    tag = config.replace("/", "_").replace(":", "_").replace(".py", "")
+    tag = config.rsplit(":", 1)[-1] if ":" in config else os.path.splitext(os.path.basename(config))[0]
     out = os.path.join(workdir, f"pretrained_eval_{tag}.json")
     cmd = [sys.executable, "-m", "ddpo_grpo.bench_floor", "--mode=eval", *config_args(config, overrides),
            f"--out={out}"]
@@ -228,6 +263,7 @@ def gains(runs: List[Dict]) -> List[Dict]:
 
 
 def run_bench(args) -> Dict:
+    args.out = os.path.abspath(args.out)  # subprocesses run in the repo root
     os.makedirs(args.out, exist_ok=True)
     workdir = os.path.join(args.out, "runs")
     os.makedirs(workdir, exist_ok=True)
@@ -249,10 +285,10 @@ def run_bench(args) -> Dict:
                     if not args.no_floor:
                         say(f"floor   B={B} cfg={'on' if cfg else 'off'} S={tpc} ...")
                         fl = measure_floor(config, B, cfg, tpc, overrides, args.floor_malloc, workdir, args.threads,
-                                           args.run_timeout)
+                                           args.run_timeout, args.floor_repeats)
                         result["floors"].append(fl)
-                        say(f"        {fl.get('total_s', float('nan')):.2f} s" if "error" not in fl
-                            else "        FAILED:\n" + fl["error"])
+                        say(f"floor {fl['total_s']:.2f} s, peak RSS {fl['peak_rss_mb']:.0f} MB" if "error" not in fl
+                            else "floor FAILED:\n" + fl["error"])
                     for malloc in mallocs:
                         say(f"trainer B={B} cfg={'on' if cfg else 'off'} S={tpc} malloc={malloc} ...")
                         run = measure_trainer(config, B, cfg, args.epochs, malloc, tpc, overrides, workdir,
@@ -260,8 +296,8 @@ def run_bench(args) -> Dict:
                         attach_floor(run, fl)
                         run.pop("history", None)
                         result["runs"].append(run)
-                        say(f"        {run['epoch_s']:.2f} s/epoch" if "error" not in run
-                            else "        FAILED:\n" + run["error"])
+                        say(f"trainer {run['epoch_s']:.2f} s/epoch, overhead {fmt(run.get('overhead'))}, peak RSS "
+                            f"{run['peak_rss_mb']:.0f} MB" if "error" not in run else "trainer FAILED:\n" + run["error"])
         result["gains"] = gains(result["runs"])
     result["efficacy"] = run_efficacy(args, overrides, workdir) if args.efficacy else None
     result["meta"]["total_wall_s"] = time.time() - t_start
@@ -288,16 +324,23 @@ def meta(args, config, overrides, batch_sizes, cfgs, mallocs, tpcs) -> Dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "loadavg_start": os.getloadavg(), "threads": args.threads or os.environ.get("OMP_NUM_THREADS"),
+        "loadavg_start": os.getloadavg(), "cpu_busy_start": cpu_busy(1.0),
+        "threads": args.threads or os.environ.get("OMP_NUM_THREADS"),
         "config": config, "epochs": args.epochs, "batch_sizes": batch_sizes, "cfg": cfgs,
         "guidance_scale_on": GUIDANCE_ON, "malloc": mallocs, "tuned_malloc_env": TUNED_MALLOC,
-        "floor_malloc": args.floor_malloc, "timesteps_per_call": tpcs, "overrides": overrides,
+        "floor_malloc": args.floor_malloc, "floor_repeats": args.floor_repeats, "timesteps_per_call": tpcs,
+        "overrides": overrides,
         "no_speed": args.no_speed, "no_floor": args.no_floor,
     }
 
 
+_T0 = time.time()
+
+
 def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """Progress on stderr, with the time since the bench started."""
+    m, sec = divmod(int(time.time() - _T0), 60)
+    print(f"[{m:02d}:{sec:02d}] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------- efficacy
@@ -440,14 +483,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
 def report(result: Dict) -> str:
     out = []
     m = result["meta"]
-    speed = "" if m.get("no_speed") else (f", {m['epochs']} epochs per run"
+    speed = "" if m.get("no_speed") else (f", {m['epochs']} epoch{'s' if m['epochs'] != 1 else ''} per run"
                                           f" ({'first skipped as warm-up' if m['epochs'] > 1 else 'warm-up included'})")
     out.append(f"# bench {m['date']}: {m['config']}{speed}, "
-               f"{m['cpus']} CPUs, load {m['loadavg_start'][0]:.2f} at start"
+               f"{m['cpus']} CPUs, {fmt(100 * m['cpu_busy_start'] if m.get('cpu_busy_start') is not None else None, '.0f')}%"
+               f" busy at start, torch threads {m['threads'] or 'default'}"
                + (f", overrides {' '.join(m['overrides'])}" if m["overrides"] else ""))
-    if m["loadavg_start"][0] > 0.5 * (m["cpus"] or 1):
-        out.append(f"\n**warning**: load average {m['loadavg_start'][0]:.2f} at start: another process competes "
-                   "for the CPUs and the numbers below are not representative.")
+    busy = [x for x in [m.get("cpu_busy_start")] + [r.get("cpu_busy_before") for r in result["floors"] + result["runs"]]
+            if x is not None]
+    if busy and max(busy) > 0.25:
+        out.append(f"\n**warning**: up to {100 * max(busy):.0f}% of the CPUs were busy with other work right before a "
+                   "measurement: the numbers below are not representative (with torch's default threads on a busy "
+                   "machine, a forward pass can be many times slower).")
     if result["floors"]:
         out.append("\n## Floor: bare denoiser loops (same model, geometry and optimizer, nothing else)\n")
         rows = []
@@ -529,6 +576,7 @@ def main(argv=None) -> Dict:
     ap.add_argument("--timesteps-per-call", default="1", help="train.timesteps_per_call values, e.g. 1,4")
     ap.add_argument("--floor-malloc", choices=("default", "tuned"), default="tuned",
                     help="allocator of the bare-loop floor subprocess (the floor should be the best case)")
+    ap.add_argument("--floor-repeats", type=int, default=1, help="timed repeats of the floor loops (fastest counts)")
     ap.add_argument("--no-floor", action="store_true", help="skip the floor measurements")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed grid (e.g. with --efficacy only)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every subprocess (default: inherit)")
@@ -550,5 +598,10 @@ def main(argv=None) -> Dict:
     return result
 
 
+def failed(result: Dict) -> bool:
+    eff = result.get("efficacy") or {}
+    return any("error" in r for r in result["floors"] + result["runs"] + list((eff.get("runs") or {}).values()))
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if failed(main()) else 0)

@@ -26,18 +26,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpo_grpo.models.tiny import build_ddim_scheduler, build_unet  # noqa: E402
+from ddpo_grpo.models.tiny import build_ddim_scheduler, build_unet, save_model as save  # noqa: E402
 from ddpo_grpo.recam.world import sample_training_batch  # noqa: E402
 
 COND_CHANNELS = 6
-
-
-def save(out: str, unet, scheduler, meta: dict) -> None:
-    os.makedirs(out, exist_ok=True)
-    unet.save_pretrained(os.path.join(out, "unet"))
-    scheduler.save_pretrained(os.path.join(out, "scheduler"))
-    with open(os.path.join(out, "pretrain_meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
 
 
 def main() -> None:

@@ -23,19 +23,13 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.tiny import (  # noqa: E402
-    build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet,
+    build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet, save_model,
 )
 from ddpo_grpo.toyworld import sample_training_batch, vocabulary  # noqa: E402
 
 
 def save(out: str, unet, text_encoder, tokenizer, scheduler, meta: dict) -> None:
-    os.makedirs(out, exist_ok=True)
-    unet.save_pretrained(os.path.join(out, "unet"))
-    text_encoder.save_pretrained(os.path.join(out, "text_encoder"))
-    tokenizer.save_pretrained(os.path.join(out, "tokenizer"))
-    scheduler.save_pretrained(os.path.join(out, "scheduler"))
-    with open(os.path.join(out, "pretrain_meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
+    save_model(out, unet, scheduler, meta, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
 def main() -> None:

@@ -101,3 +101,17 @@ def build_ddim_scheduler() -> DDIMScheduler:
 
 def build_flow_scheduler() -> FlowMatchEulerDiscreteScheduler:
     return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
+
+
+def save_model(out: str, unet, scheduler, meta: dict, text_encoder=None, tokenizer=None) -> None:
+    """Write a diffusers-format folder (unet/, scheduler/, optional text_encoder/ and tokenizer/) plus
+    pretrain_meta.json, loadable offline by ddpo_grpo.models.load_pipeline."""
+    os.makedirs(out, exist_ok=True)
+    unet.save_pretrained(os.path.join(out, "unet"))
+    scheduler.save_pretrained(os.path.join(out, "scheduler"))
+    if text_encoder is not None:
+        text_encoder.save_pretrained(os.path.join(out, "text_encoder"))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(os.path.join(out, "tokenizer"))
+    with open(os.path.join(out, "pretrain_meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
