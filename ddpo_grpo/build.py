@@ -147,7 +147,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
                              executor=executor)
     train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")
     sampler = KRepeatSampler(len(train_data), config.sample.batch_size, config.sample.num_batches_per_epoch,
-                             accelerator.num_processes, config.sample.k, config.seed)
+                             accelerator.num_processes, config.sample.k, config.seed,
+                             weights=getattr(train_data, "weights", None))
     cache: Dict[str, torch.Tensor] = {}
 
     @torch.no_grad()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -44,6 +44,10 @@ class ToyWorldConditions:
     def __len__(self) -> int:
         return len(self.ds)
 
+    @property
+    def weights(self) -> np.ndarray:
+        return self.ds.weights
+
     def __getitem__(self, i: int) -> Dict:
         cond = self.ds.condition(i)
         return {"index": self.ds.indices[i], "prompt": cond.prompt(), "condition": cond}
@@ -65,7 +69,8 @@ def build_dataset(config, split: str):
 
 @dataclass
 class KRepeatSampler:
-    """Per epoch: m = total / k distinct conditions, each repeated exactly k times, shuffled, and cut into
+    """Per epoch: m = total / k distinct conditions (drawn without replacement, by `weights` if the dataset has
+    them), each repeated exactly k times, shuffled, and cut into
     num_batches x num_processes slices of batch_size. Every process computes the same plan from
     (seed, epoch), so no communication is needed and a resumed run replays the same epoch."""
 
@@ -75,6 +80,7 @@ class KRepeatSampler:
     num_processes: int
     k: int
     seed: int
+    weights: Optional[np.ndarray] = None  # per-condition sampling weights (None = uniform)
 
     def __post_init__(self):
         total = self.batch_size * self.num_batches * self.num_processes
@@ -95,7 +101,7 @@ class KRepeatSampler:
     def epoch_plan(self, epoch: int) -> np.ndarray:
         """Condition positions for the whole epoch, shape (num_batches, num_processes, batch_size)."""
         rng = np.random.default_rng((self.seed, epoch, 7))
-        chosen = rng.choice(self.dataset_size, size=self.num_conditions, replace=False)
+        chosen = rng.choice(self.dataset_size, size=self.num_conditions, replace=False, p=self.weights)
         plan = rng.permutation(np.repeat(chosen, self.k))
         return plan.reshape(self.num_batches, self.num_processes, self.batch_size)
 

@@ -17,7 +17,7 @@ from ddpo_grpo.diffusers_patch.pipeline_with_logprob import encode_prompts, pipe
 from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings  # noqa: E402
 from ddpo_grpo.logging_utils import labelled_grid  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
-from ddpo_grpo.toyworld import all_conditions, summarize, verify_batch  # noqa: E402
+from ddpo_grpo.toyworld import all_conditions, balanced_weights, summarize, verify_batch  # noqa: E402
 
 
 @torch.no_grad()
@@ -26,7 +26,9 @@ def evaluate_model(model: str, num_samples: int = 256, steps: int = 20, guidance
     """Returns (summary dict, images (N, 3, 32, 32), prompts, per-sample rewards). eta = 0: DDIM/ODE sampling."""
     pipe = load_pipeline(model)
     conds = all_conditions()
-    idx = np.random.default_rng(seed).choice(len(conds), size=num_samples, replace=False)
+    # Half single-object, half two-object conditions (the task mix the trainer uses).
+    idx = np.random.default_rng(seed).choice(len(conds), size=num_samples, replace=False,
+                                             p=balanced_weights(range(len(conds))))
     settings = SamplerSettings(family=pipe.family, guidance_scale=guidance, eta=eta or 1.0, noise_level=noise_level)
     images, prompts = [], []
     for lo in range(0, num_samples, batch_size):

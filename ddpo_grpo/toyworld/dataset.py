@@ -22,6 +22,18 @@ def all_conditions() -> List[Condition]:
     return singles + pairs
 
 
+N_SINGLE = 72  # single-object conditions come first in all_conditions()
+
+
+def balanced_weights(indices: Sequence[int]) -> np.ndarray:
+    """Sampling weights giving single-object and two-object conditions half of the mass each: pairs outnumber
+    singles 30:1, and a uniform draw would make the task almost only pairs."""
+    idx = np.asarray(indices)
+    single = idx < N_SINGLE
+    w = np.where(single, 0.5 / max(single.sum(), 1), 0.5 / max((~single).sum(), 1))
+    return w / w.sum()
+
+
 def vocabulary() -> List[str]:
     """Every word that a toy-world prompt can contain."""
     words = set()
@@ -43,8 +55,10 @@ class ToyWorldDataset(torch.utils.data.Dataset):
     def __init__(self, split: str = "all", seed: int = 0, indices: Optional[Sequence[int]] = None):
         conds = all_conditions()
         if indices is None:
-            perm = np.random.default_rng(1234).permutation(len(conds))
-            held_out = set(perm[:64].tolist())
+            # Held out for evaluation: 32 single-object and 32 two-object conditions, fixed.
+            rng = np.random.default_rng(1234)
+            held_out = set(rng.permutation(N_SINGLE)[:32].tolist())
+            held_out |= set((N_SINGLE + rng.permutation(len(conds) - N_SINGLE)[:32]).tolist())
             if split == "train":
                 indices = [i for i in range(len(conds)) if i not in held_out]
             elif split == "eval":
@@ -59,6 +73,11 @@ class ToyWorldDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """Per-position sampling weights (balanced singles / pairs)."""
+        return balanced_weights(self.indices)
 
     def condition(self, i: int) -> Condition:
         return self.conditions[self.indices[i]]
