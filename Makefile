@@ -25,7 +25,8 @@ test: install
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(BIN)/python -m pytest -q tests
 
 demo: install
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(CPU_MALLOC) $(BIN)/accelerate launch --num_processes 1 --cpu \
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(CPU_MALLOC) $(BIN)/accelerate launch --num_processes 1 --num_machines 1 \
+		--mixed_precision no --dynamo_backend no \
 		scripts/train.py --config $(CONFIG)
 
 bench: install

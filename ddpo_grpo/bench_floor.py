@@ -67,23 +67,15 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
     and memory."""
     import torch
 
+    from .build import make_trainable
     from .models import load_pipeline
     from .training import training_calls
 
     rss_runtime = proc_status_mb("VmRSS")
     pipe = load_pipeline(config.pretrained.model)
     unet = pipe.unet
-    if config.use_lora:
-        from peft import LoraConfig
-
-        unet.add_adapter(LoraConfig(r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
-                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
-    else:
-        unet.requires_grad_(True)
+    opt = make_trainable(unet, config)
     params = [p for p in unet.parameters() if p.requires_grad]
-    t = config.train
-    opt = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                            weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
     rss_loaded = proc_status_mb("VmRSS")
 
     s = config.sample

@@ -113,6 +113,20 @@ def validate_config(config, num_processes: int) -> str:
     return family
 
 
+def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
+    """LoRA adapters (peft) or the full denoiser made trainable; returns AdamW over the trainable parameters."""
+    if config.use_lora:
+        from peft import LoraConfig
+
+        unet.add_adapter(LoraConfig(r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
+                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
+    else:
+        unet.requires_grad_(True)
+    t = config.train
+    return torch.optim.AdamW([p for p in unet.parameters() if p.requires_grad], lr=t.learning_rate,
+                             betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
+
+
 def build_context(config, accelerator, run_dir: str) -> RunContext:
     """Load the model and build optimizer, tracker, reference, rewards and sampler."""
     from .models import load_pipeline
@@ -123,17 +137,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
 
     pipe = load_pipeline(config.pretrained.model, device=accelerator.device)
     unet = pipe.unet
-    if config.use_lora:
-        from peft import LoraConfig
-
-        unet.add_adapter(LoraConfig(r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
-                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
-    else:
-        unet.requires_grad_(True)
-    params = [p for p in unet.parameters() if p.requires_grad]
+    optimizer = make_trainable(unet, config)
     t = config.train
-    optimizer = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                  weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     reference = None

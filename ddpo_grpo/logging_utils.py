@@ -57,8 +57,8 @@ def reward_curve(history: List[Dict[str, float]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ep = [h["epoch"] for h in history]
-    ax.plot(ep, [h["reward_mean"] for h in history], label="train reward (sampled, eta>0)")
+    train = [h for h in history if "reward_mean" in h]
+    ax.plot([h["epoch"] for h in train], [h["reward_mean"] for h in train], label="train reward (sampled, eta>0)")
     ev = [(h["epoch"], h["eval_reward_mean"]) for h in history if "eval_reward_mean" in h]
     if ev:
         ax.plot(*zip(*ev), "o-", label="eval reward (deterministic, held-out)")

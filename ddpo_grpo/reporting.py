@@ -117,17 +117,24 @@ def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
     return metrics
 
 
-def finish(ctx, seconds: float) -> None:
-    """Reward curve PNG, final grid, a summary JSON; close trackers and the reward thread pool."""
+def finish(ctx, seconds: float, final_eval: bool = True) -> None:
+    """Evaluate the final policy; reward curve PNG, final grid, a summary JSON; close trackers and the pool."""
     acc = ctx.accelerator
+    final = None
+    if final_eval and ctx.state.history:
+        final = evaluate_and_log(ctx, ctx.state.epoch)
+        acc.log(final, step=ctx.state.epoch)
     if acc.is_main_process and ctx.state.history:
-        reward_curve(ctx.state.history, os.path.join(ctx.run_dir, "reward_curve.png"))
+        points = ctx.state.history + ([{"epoch": ctx.state.epoch, "eval_reward_mean": final["eval/reward_mean"]}]
+                                      if final else [])
+        reward_curve(points, os.path.join(ctx.run_dir, "reward_curve.png"))
         evals = sorted(f for f in os.listdir(os.path.join(ctx.run_dir, "images")) if f.startswith("eval_epoch_")) \
             if os.path.isdir(os.path.join(ctx.run_dir, "images")) else []
         if evals:
             shutil.copy(os.path.join(ctx.run_dir, "images", evals[-1]), os.path.join(ctx.run_dir, "final_grid.png"))
         with open(os.path.join(ctx.run_dir, "summary.json"), "w") as f:
-            json.dump({"seconds": round(seconds, 1), "history": ctx.state.history}, f, indent=1)
+            json.dump({"seconds": round(seconds, 1), "history": ctx.state.history,
+                       "final_eval": final}, f, indent=1)
         acc.print(f"done in {seconds / 60:.1f} min; run folder {ctx.run_dir}")
     acc.end_training()
     if ctx.rewards.executor is not None:

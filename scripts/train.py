@@ -72,6 +72,10 @@ def run(config):
     for epoch in range(ctx.state.epoch, config.num_epochs):
         timer = PhaseTimer()
         ctx.tracker.clear()
+        eval_metrics = {}
+        if config.eval_freq and epoch % config.eval_freq == 0:
+            with timer("eval"):
+                eval_metrics = evaluate_and_log(ctx, epoch)  # 7. the policy before this epoch's update
         with timer("sampling"):
             samples = sample_epoch(ctx, epoch)  # 1. trajectories + logprobs; rewards start in a thread pool
         with timer("reward"):
@@ -86,16 +90,12 @@ def run(config):
         with timer("training"):
             train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)
         ctx.state.epoch = epoch + 1
-        eval_metrics = {}
-        if config.eval_freq and (epoch % config.eval_freq == 0 or epoch == config.num_epochs - 1):
-            with timer("eval"):
-                eval_metrics = evaluate_and_log(ctx, epoch)  # 7. deterministic, held-out, fixed seeds
         with timer("logging"):
             log_epoch(ctx, epoch, samples, rewards, adv, checks, train_metrics, eval_metrics, timer)  # 6.
         if config.save_freq and (ctx.state.epoch % config.save_freq == 0 or ctx.state.epoch == config.num_epochs):
             with timer("checkpoint"):
                 save_checkpoint(ctx, family)  # 8. atomic; every process takes part
-    finish(ctx, time.time() - t_start)
+    finish(ctx, time.time() - t_start, final_eval=bool(config.eval_freq))  # + eval of the final policy
 
 
 def flat_config(config) -> dict:

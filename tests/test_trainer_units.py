@@ -155,3 +155,27 @@ def test_recam_geometry_validates_for_8_processes():
     c = _config("recam")
     s = KRepeatSampler(10**6, c.sample.batch_size, c.sample.num_batches_per_epoch, 8, c.sample.k, c.seed)
     assert s.num_conditions * c.sample.k == 64 and s.num_conditions == 16
+
+
+def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
+    from ddpo_grpo.data import ToyWorldConditions
+
+    data = ToyWorldConditions("train")
+    s = KRepeatSampler(len(data), 16, 4, 1, 8, seed=0, weights=data.weights)
+    singles = pairs = 0
+    for epoch in range(40):
+        plan = s.epoch_plan(epoch)
+        _, counts = np.unique(plan, return_counts=True)
+        assert (counts == 8).all()  # weights change which conditions, never how many copies
+        idx = np.array([data[int(p)]["index"] for p in np.unique(plan)])
+        singles += int((idx < 72).sum())
+        pairs += int((idx >= 72).sum())
+    assert 0.35 < singles / (singles + pairs) < 0.65  # uniform draws would give ~3% singles
+
+
+def test_toyworld_eval_split_is_balanced_and_held_out():
+    from ddpo_grpo.toyworld import ToyWorldDataset
+
+    ev, tr = ToyWorldDataset("eval"), ToyWorldDataset("train")
+    assert len(ev) == 64 and sum(i < 72 for i in ev.indices) == 32
+    assert set(ev.indices).isdisjoint(tr.indices) and len(ev) + len(tr) == 72 + 4 * 24 * 23
