@@ -76,6 +76,7 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
     unet = pipe.unet
     opt = make_trainable(unet, config)
     params = [p for p in unet.parameters() if p.requires_grad]
+    t = config.train
     rss_loaded = proc_status_mb("VmRSS")
 
     s = config.sample
