@@ -65,7 +65,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.adv_clip_max = 5.0
     config.train.clip_range = 1e-4  # PPO ratio clip (small: logprobs are averaged over dimensions)
     config.train.clip_range_high = -1.0  # < 0: same as clip_range
-    config.train.timestep_fraction = 1.0  # share of the T steps trained per sample (random subset)
+    config.train.timestep_fraction = 1.0  # share of the trainable steps trained per sample (random subset)
+    # Steps whose policy std is below this are sampled but not trained: a step's log-prob gradient scales as
+    # 1/std^2, so near-deterministic final steps would swamp the others with noise. 0 trains every step.
+    config.train.min_step_std = 0.02
     # Timesteps of the same samples stacked into one forward call (bigger calls use the CPU/GPU better);
     # 0 = auto: a short probe at the first epoch picks it.
     config.train.timesteps_per_call = 1

@@ -115,6 +115,15 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
                 unet(x, tt.expand(rows_sample), encoder_hidden_states=e)
 
     T_store = stored_steps(config, pipe.family)
+    # the trainer trains only steps with std >= train.min_step_std (a window's steps for flow windows)
+    from .diffusers_patch.policy_step import SamplerSettings, schedule_stds
+
+    settings = SamplerSettings(family=pipe.family, eta=config.sample.eta, noise_level=config.sample.noise_level,
+                               sde_type=config.sample.sde_type)
+    stds = schedule_stds(pipe.scheduler, settings, int(config.sample.num_steps))[:T_store]
+    columns = torch.nonzero(stds >= config.train.min_step_std).flatten() if config.train.min_step_std > 0 else None
+    if columns is not None and len(columns) == 0:
+        columns = None
     N = B * nb
 
     def train_call(n_rows: int, cols: torch.Tensor, scale: float):
@@ -133,7 +142,7 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         unet.eval()
         sample_batch()
         unet.train()
-        calls, _ = training_calls(N, T_store, config, 0, 0, 0)
+        calls, _ = training_calls(N, T_store, config, 0, 0, 0, columns=columns)
         idx, cols = max(calls, key=lambda c: c[1].numel())
         train_call(idx.numel() * cols.shape[1], cols, 1.0)
         opt.step()
@@ -155,7 +164,7 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         max_call_rows = 0
         t0 = time.perf_counter()
         for inner in range(int(t.num_inner_epochs)):
-            calls, per_mb = training_calls(N, T_store, config, 1, inner, 0)
+            calls, per_mb = training_calls(N, T_store, config, 1, inner, 0, columns=columns)
             group = int(t.gradient_accumulation_steps) * per_mb
             for start in range(0, len(calls), group):
                 chunk = calls[start:start + group]

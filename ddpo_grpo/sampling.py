@@ -29,6 +29,7 @@ class EpochSamples:
     metadata: List[Dict[str, Any]]
     cond_channels: Optional[torch.Tensor] = None  # (N, C', H, W) image conditioning
     reward_futures: List[Any] = field(default_factory=list)
+    step_std: Optional[torch.Tensor] = None  # (T,) policy std per stored step
 
     def __len__(self) -> int:
         return self.latents.shape[0]
@@ -106,6 +107,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         metadata=[m for p in parts for m in p[5]],
         cond_channels=cat([p[6] for p in parts]),
         reward_futures=futures,
+        step_std=parts[0][0].step_std,
     )
 
 

@@ -54,17 +54,31 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
     return best
 
 
-def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, per_call: int = 0):
+def trainable_columns(samples: EpochSamples, config) -> torch.Tensor:
+    """Stored steps that are trained: those whose policy std is at least train.min_step_std. The log-prob gradient
+    of a step scales as 1/std^2, so near-deterministic final steps (std ~ 0.005 against 0.15-0.8 elsewhere for
+    DDIM in pixel space) would drown every other step's signal in noise; they are still sampled."""
+    T = samples.log_probs.shape[1]
+    if samples.step_std is None or config.train.min_step_std <= 0:
+        return torch.arange(T)
+    cols = torch.nonzero(samples.step_std >= config.train.min_step_std).flatten()
+    return cols if len(cols) else torch.arange(T)
+
+
+def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, per_call: int = 0,
+                   columns: torch.Tensor = None):
     """The epoch's call plan: list of (sample indices (b,), timestep columns (b, S)).
 
-    Samples are shuffled, each sample trains a random subset of round(T * timestep_fraction) of its steps,
-    and S = timesteps_per_call of them are stacked into one forward call of b * S rows.
+    Samples are shuffled, each sample trains a random subset of round(len(columns) * timestep_fraction) of the
+    trainable columns (default all T), and S = timesteps_per_call of them are stacked into one forward call of
+    b * S rows.
     """
     g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
-    T_train = max(1, int(round(T * config.train.timestep_fraction)))
+    columns = torch.arange(T) if columns is None else columns
+    T_train = max(1, int(round(len(columns) * config.train.timestep_fraction)))
     S = max(1, min(int(per_call or config.train.timesteps_per_call), T_train))
     perm = torch.randperm(N, generator=g)
-    tperm = torch.stack([torch.randperm(T, generator=g) for _ in range(N)])[:, :T_train]
+    tperm = torch.stack([columns[torch.randperm(len(columns), generator=g)] for _ in range(N)])[:, :T_train]
     calls = []
     for lo in range(0, N, config.train.batch_size):
         idx = perm[lo:lo + config.train.batch_size]
@@ -95,7 +109,8 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
             ctx.state.timesteps_per_call = int(acc.gather(probe.reshape(1)).max())  # every process must agree
         per_call = ctx.state.timesteps_per_call
     for inner in range(config.train.num_inner_epochs):
-        calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call)
+        calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
+                                       trainable_columns(samples, config))
         group = config.train.gradient_accumulation_steps * per_mb
         for start in range(0, len(calls), group):
             chunk = calls[start:start + group]

@@ -30,6 +30,7 @@ class Trajectory:
     step_indices: torch.Tensor  # (T,) long, positions of the stored steps in the schedule
     images: torch.Tensor  # (B, C, H, W) in [0, 1], float32
     pred_x0: Optional[torch.Tensor] = None  # (B, T, C, H, W) decoded x̂0 images in [0, 1]
+    step_std: Optional[torch.Tensor] = None  # (T,) the policy's std at each stored step (same for every sample)
 
 
 def encode_prompts(text_encoder, tokenizer, prompts: Sequence[str], device=None) -> torch.Tensor:
@@ -104,7 +105,7 @@ def pipeline_with_logprob(
         stored = range(len(timesteps)) if deterministic else range(n_stochastic)
     else:
         stored = window_range(n_stochastic, sde_window)
-    all_latents, log_probs, x0s = [], [], []
+    all_latents, log_probs, x0s, stds = [], [], [], []
     for i, t in enumerate(timesteps):
         tt = t.expand(B).to(device)
         idx = torch.full((B,), i, dtype=torch.long)
@@ -115,6 +116,7 @@ def pipeline_with_logprob(
                               generator=generator, cond_channels=cond_channels)
             out, latents = res.model_output, res.prev_sample
             log_probs.append(res.log_prob)
+            stds.append(res.std.reshape(res.std.shape[0], -1)[:, 0].max())
             all_latents.append(latents)
         else:
             out = denoiser_output(unet, latents, tt, prompt_embeds, negative_prompt_embeds,
@@ -136,4 +138,5 @@ def pipeline_with_logprob(
         step_indices=torch.tensor(list(stored), dtype=torch.long),
         images=decode(vae, latents),
         pred_x0=torch.stack(x0s, dim=1) if return_pred_x0 else None,
+        step_std=None if deterministic else torch.stack(stds).float().cpu(),
     )

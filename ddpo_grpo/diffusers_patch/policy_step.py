@@ -112,3 +112,25 @@ def predicted_x0(family: str, scheduler, model_output: torch.Tensor, timestep: t
     if kind == "sample":
         return out
     raise ValueError(f"unsupported prediction_type {kind!r}")
+
+
+def schedule_stds(scheduler, settings: SamplerSettings, num_steps: int, sample_shape=(1, 1, 1)) -> torch.Tensor:
+    """The policy's std at each of the num_steps steps, (num_steps,): it depends on the schedule, eta / noise level
+    and the step only, so it is read off one dummy step each (no model). inf where a step has no variance."""
+    if settings.family == "flow":
+        scheduler.set_timesteps(num_steps, device="cpu")
+    else:
+        scheduler.set_timesteps(num_steps)
+    x = torch.zeros(1, *sample_shape)
+    out = []
+    for i, t in enumerate(scheduler.timesteps):
+        try:
+            if settings.family == "flow":
+                std = sde_step_with_logprob(scheduler, x, i, x, noise_level=settings.noise_level,
+                                            sde_type=settings.sde_type)[3]
+            else:
+                std = ddim_step_with_logprob(scheduler, x, t, x, eta=settings.eta, return_mean_std=True)[3]
+            out.append(float(std.reshape(-1)[0]))
+        except ValueError:  # a zero-variance step (e.g. CPS's last): never stored nor trained
+            out.append(0.0)
+    return torch.tensor(out)
