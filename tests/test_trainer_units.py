@@ -179,3 +179,27 @@ def test_toyworld_eval_split_is_balanced_and_held_out():
     ev, tr = ToyWorldDataset("eval"), ToyWorldDataset("train")
     assert len(ev) == 64 and sum(i < 72 for i in ev.indices) == 32
     assert set(ev.indices).isdisjoint(tr.indices) and len(ev) + len(tr) == 72 + 4 * 24 * 23
+
+
+def test_near_deterministic_steps_are_sampled_but_not_trained():
+    import types
+
+    from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings, schedule_stds
+    from ddpo_grpo.training import trainable_columns
+
+    from helpers import ddim_scheduler
+
+    sched = ddim_scheduler()
+    stds = schedule_stds(sched, SamplerSettings(eta=1.0), 10)
+    # DDIM eta=1 with a cosine schedule: the last steps are almost deterministic
+    assert stds[0] > 0.5 and stds[-1] < 0.01 and (stds[:-1] >= stds[1:]).all()
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(min_step_std=0.02, timestep_fraction=1.0,
+                                                            timesteps_per_call=1, batch_size=4), seed=0)
+    samples = types.SimpleNamespace(log_probs=torch.zeros(4, 10), step_std=stds)
+    cols = trainable_columns(samples, cfg)
+    assert cols.tolist() == [i for i in range(10) if stds[i] >= 0.02] and len(cols) < 10
+    calls, _ = training_calls(4, 10, cfg, 0, 0, 0, columns=cols)
+    trained = torch.cat([c.reshape(-1) for _, c in calls])
+    assert set(trained.tolist()) == set(cols.tolist()) and len(trained) == 4 * len(cols)
+    cfg.train.min_step_std = 0.0
+    assert trainable_columns(samples, cfg).tolist() == list(range(10))
