@@ -80,21 +80,24 @@ def aesthetic():
 
 
 def tiny_flow():
-    """The bundled flow-matching model, SDE sampling on every step."""
+    """The bundled flow-matching model, SDE sampling (Flow-GRPO's SDE) on every step, trained on the 8 of 10 steps
+    whose std is >= 0.1 (the last step, sigma 0.001 -> 0, is nearly deterministic)."""
     config = tiny()
     config.pretrained.model = "tiny-flow"
     config.sample.noise_level = 0.7
     config.sample.sde_type = "sde"
     config.sample.num_steps = 10
-    config.train.timestep_fraction = 1.0
+    config.train.min_step_std = 0.1
     return config
 
 
 def tiny_flow_window():
-    """tiny_flow trained on a random window of 3 SDE steps per epoch (ODE elsewhere)."""
+    """tiny_flow with an SDE window: 3 stochastic steps (the highest-noise ones), ODE elsewhere; only the window
+    is stored and trained (MixGRPO / Flow-GRPO-Fast idea)."""
     config = tiny_flow()
     config.sample.sde_window_size = 3
-    config.sample.sde_window_mode = "random"
+    config.sample.sde_window_mode = "fixed"
+    config.sample.sde_window_start = 0
     return config
 
 
