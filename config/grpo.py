@@ -80,14 +80,13 @@ def aesthetic():
 
 
 def tiny_flow():
-    """The bundled flow-matching model, SDE sampling (Flow-GRPO's SDE) on every step, trained on the 8 of 10 steps
-    whose std is >= 0.1 (the last step, sigma 0.001 -> 0, is nearly deterministic)."""
+    """The bundled flow-matching model, SDE sampling (Flow-GRPO's SDE) on every step; as in `tiny`, only the steps
+    with std >= 0.3 are trained (the first 4 of 10)."""
     config = tiny()
     config.pretrained.model = "tiny-flow"
     config.sample.noise_level = 0.7
     config.sample.sde_type = "sde"
     config.sample.num_steps = 10
-    config.train.min_step_std = 0.1
     return config
 
 

@@ -58,7 +58,10 @@ def reward_curve(history: List[Dict[str, float]], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     train = [h for h in history if "reward_mean" in h]
-    ax.plot([h["epoch"] for h in train], [h["reward_mean"] for h in train], label="train reward (sampled, eta>0)")
+    ep, r = [h["epoch"] for h in train], np.array([h["reward_mean"] for h in train], dtype=float)
+    ax.plot(ep, r, alpha=0.35, label="train reward (sampled, eta>0)")
+    if len(r) >= 5:  # an epoch's mean depends mostly on which conditions it drew: show the trend
+        ax.plot(ep[4:], np.convolve(r, np.ones(5) / 5, mode="valid"), label="train reward, 5-epoch mean")
     ev = [(h["epoch"], h["eval_reward_mean"]) for h in history if "eval_reward_mean" in h]
     if ev:
         ax.plot(*zip(*ev), "o-", label="eval reward (deterministic, held-out)")
