@@ -134,8 +134,9 @@ def recam_tiny():
     config.sample.k = 4  # 32 samples per epoch = 8 conditions x 4 copies (per process)
     config.sample.num_steps = 10
     config.train.batch_size = 8
-    config.train.learning_rate = 1e-4
-    config.train.clip_range = 1e-3
+    config.train.learning_rate = 3e-5  # as in `tiny`: small steps, high-noise steps only, clip 1e-2
+    config.train.clip_range = 1e-2
+    config.train.min_step_std = 0.3
     config.train.beta = 0.004
     config.reward.fns = {"cam_score": 1.0}
     config.reward.kwargs = {}
