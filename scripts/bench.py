@@ -199,6 +199,7 @@ def measure_trainer(config: str, batch_size: Optional[int], cfg: Optional[bool],
     shutil.rmtree(logdir, ignore_errors=True)
     hist = summary["history"]
     res["history"] = hist
+    res["final_eval"] = summary.get("final_eval")
     measured = hist[1:] if len(hist) > 1 else hist
     res["warmup_skipped"] = len(hist) > 1
     res["measured_epochs"] = [h["epoch"] for h in measured]
@@ -353,14 +354,19 @@ def eval_metric(entry: Dict, metric: str) -> Optional[float]:
     return None
 
 
-def curve(history: List[Dict], metric: str) -> List[Dict]:
-    """Per epoch: cumulative samples, cumulative wall seconds without eval, the metric and eval reward."""
+def curve(history: List[Dict], metric: str, final_eval: Optional[Dict] = None) -> List[Dict]:
+    """Eval points against cumulative samples and wall seconds (without eval) trained *before* each eval: the
+    trainer evaluates at the start of an epoch, and once more after the last one (`final_eval`)."""
     pts, samples, wall = [], 0, 0.0
     for h in history:
+        if "eval_reward_mean" in h:
+            pts.append({"epoch": h["epoch"], "samples": samples, "wall_s": wall, "metric": eval_metric(h, metric),
+                        "eval_reward_mean": h.get("eval_reward_mean")})
         samples += h["samples"]
         wall += h["time"] - h["phases"].get("eval", 0.0)
-        pts.append({"epoch": h["epoch"], "samples": samples, "wall_s": wall, "metric": eval_metric(h, metric),
-                    "eval_reward_mean": h.get("eval_reward_mean")})
+    if final_eval:
+        pts.append({"epoch": len(history), "samples": samples, "wall_s": wall, "metric": final_eval.get(metric),
+                    "eval_reward_mean": final_eval.get("eval/reward_mean")})
     return pts
 
 
@@ -403,7 +409,7 @@ def run_efficacy(args, overrides: List[str], workdir: str) -> Dict:
         if "error" in run:
             entry["error"] = run["error"]
         else:
-            entry["curve"] = curve(run["history"], args.metric)
+            entry["curve"] = curve(run["history"], args.metric, run.get("final_eval"))
             entry["final"] = entry["curve"][-1]["metric"] if entry["curve"] else None
         out["runs"][label] = entry
     ok = [e for e in out["runs"].values() if e.get("curve")]
