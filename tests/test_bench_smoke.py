@@ -17,7 +17,8 @@ def load_bench():
 def test_bench_floor_and_one_trainer_run(tmp_path):
     bench = load_bench()
     bench.main(["--epochs", "1", "--batch-sizes", "4", "--cfg", "off", "--malloc", "default", "--threads", "1",
-                "--set", "sample.num_steps=3", "sample.num_batches_per_epoch=2", "sample.k=4",
+                "--set", "sample.num_steps=3", "sample.num_batches_per_epoch=2", "sample.k=4", "train.min_step_std=0",
+                "train.timestep_fraction=0.5",
                 "--run-timeout", "300", "--out", str(tmp_path)])
     with open(tmp_path / "bench.json") as f:
         res = json.load(f)

@@ -52,10 +52,13 @@ def plugin_path(tmp_path_factory):
 
 
 def train(tmp, plugin_path, mode, nproc=1, epochs=1):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no"]
+    # One process runs the script directly, so its own exit code (2 for a clear error) is what we see;
+    # accelerate launch reports any child failure as 1.
+    cmd = [sys.executable]
     if nproc > 1:
-        cmd += ["--multi_gpu", "--main_process_port", str(29600 + os.getpid() % 1000)]
+        cmd += ["-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu",
+                "--main_process_port", str(29600 + os.getpid() % 1000)]
     cmd += ["scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}",
             f"--config.logdir={tmp}", "--config.run_name=r", "--config.reward.fns={'flaky': 1.0}",
             f"--config.reward.kwargs={{'flaky': {{'mode': '{mode}'}}}}", *SMALL]
