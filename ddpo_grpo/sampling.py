@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .diffusers_patch.pipeline_with_logprob import encode_prompts, pipeline_with_logprob
+from .diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
 from .diffusers_patch.policy_step import SamplerSettings
 
 

@@ -15,7 +15,6 @@ and <out>/pretrain_meta.json (load with ddpo_grpo.models.load_pipeline).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

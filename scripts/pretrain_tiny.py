@@ -11,7 +11,6 @@ Snapshots are written every --snapshot-every steps so a run can be stopped early
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -56,7 +55,6 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + np.cos(np.pi * min(s / args.steps, 1.0)))
     )
-    alphas = scheduler.alphas_cumprod if args.family == "ddim" else None
     t0 = time.time()
     for step in range(1, args.steps + 1):
         prompts, x0, _ = sample_training_batch(args.batch_size, rng)

@@ -11,7 +11,7 @@ import ddpo_grpo.recam  # noqa: F401  (registers cam_score and unifiedscore)
 from ddpo_grpo.recam.cam_score import estimate_moments, foreground_moments, make_cam_score
 from ddpo_grpo.recam.data import NUM_EVAL, NUM_TRAIN, RecamConditions
 from ddpo_grpo.recam.world import (
-    Camera, CameraMotion, RecamCondition, Scene, WorldObject, camera_planes, make_condition, render_view,
+    Camera, CameraMotion, RecamCondition, Scene, WorldObject, camera_planes, make_condition,
     render_world, sample_training_batch,
 )
 from ddpo_grpo.rewards import ConfigError, RewardComputer, available_rewards, get_reward_fn

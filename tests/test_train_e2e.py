@@ -8,7 +8,6 @@ import sys
 import time
 
 import numpy as np
-import pytest
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ The reward is the mean of the attribute scores, in [0, 1].
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 
