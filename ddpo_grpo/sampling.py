@@ -132,13 +132,4 @@ def collect_rewards(samples: EpochSamples, accelerator=None):
             raise RewardError(errors[0] + (f" (on {len(errors)} processes)" if len(errors) > 1 else ""))
     elif error:
         raise RewardError(error)
-    cat = lambda d: {k: np.concatenate([r_[k] for r_ in d]) for k in d[0]}  # noqa: E731
-    return RewardResult(
-        avg=np.concatenate([r.avg for r in results]).astype(np.float32),
-        per_fn=cat([r.per_fn for r in results]),
-        details=cat([r.details for r in results]),
-        valid=np.concatenate([r.valid for r in results]),
-        invalid_count=sum(r.invalid_count for r in results),
-        final=np.concatenate([r.final for r in results]).astype(np.float32),
-        final_per_fn=cat([r.final_per_fn for r in results]),
-    )
+    return RewardResult.concat(results)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpo_grpo.models.tiny import build_ddim_scheduler, build_unet, save_model as save  # noqa: E402
+from ddpo_grpo.models.tiny import build_ddim_scheduler, build_unet, optimizer_step, save_model as save  # noqa: E402
 from ddpo_grpo.recam.world import sample_training_batch  # noqa: E402
 
 COND_CHANNELS = 6
@@ -64,11 +64,7 @@ def main() -> None:
         emb = torch.zeros(x0.shape[0], 1, cross_dim)
         pred = unet(torch.cat([xt, cond], dim=1), t, encoder_hidden_states=emb).sample
         loss = F.mse_loss(pred, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        optimizer_step(loss, opt, sched, params)
         if step % args.log_every == 0 or step == 1:
             print(f"step {step}/{args.steps} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
         if args.snapshot_every and step % args.snapshot_every == 0 and step < args.steps:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.tiny import (  # noqa: E402
-    build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet, save_model,
+    build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet, optimizer_step, save_model,
 )
 from ddpo_grpo.toyworld import sample_training_batch, vocabulary  # noqa: E402
 
@@ -77,11 +77,7 @@ def main() -> None:
             timestep = s * scheduler.config.num_train_timesteps
         pred = unet(xt, timestep, encoder_hidden_states=emb).sample
         loss = F.mse_loss(pred, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        optimizer_step(loss, opt, sched, params)
         if step % 50 == 0 or step == 1:
             print(f"step {step}/{args.steps} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
         if args.snapshot_every and step % args.snapshot_every == 0 and step < args.steps:

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from typing import Iterable, List, Tuple
 
+import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
@@ -115,3 +116,12 @@ def save_model(out: str, unet, scheduler, meta: dict, text_encoder=None, tokeniz
         tokenizer.save_pretrained(os.path.join(out, "tokenizer"))
     with open(os.path.join(out, "pretrain_meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
+
+
+def optimizer_step(loss, opt, lr_schedule, params, max_grad_norm: float = 1.0) -> None:
+    """One pretraining update: backward, grad-norm clip, AdamW step, LR schedule step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    lr_schedule.step()

@@ -42,6 +42,22 @@ class RewardResult:
     final: np.ndarray = field(default=None)  # float32 (B,): weighted score of the final images (NaN if invalid)
     final_per_fn: Dict[str, np.ndarray] = field(default_factory=dict)  # name -> raw (B,) scores of final images
 
+    @classmethod
+    def concat(cls, results: Sequence["RewardResult"]) -> "RewardResult":
+        """Results of consecutive batches as one, in order: (N,) or (N, T) with N = sum of batch sizes."""
+        def cat(dicts):
+            return {k: np.concatenate([d[k] for d in dicts]) for k in dicts[0]}
+
+        return cls(
+            avg=np.concatenate([r.avg for r in results]).astype(np.float32),
+            per_fn=cat([r.per_fn for r in results]),
+            details=cat([r.details for r in results]),
+            valid=np.concatenate([r.valid for r in results]),
+            invalid_count=sum(r.invalid_count for r in results),
+            final=np.concatenate([r.final for r in results]).astype(np.float32),
+            final_per_fn=cat([r.final_per_fn for r in results]),
+        )
+
     def summary(self) -> Dict[str, float]:
         """Scalars for logging: reward mean/std and per-function means over valid samples,
         detail means over all samples, and the invalid count."""
