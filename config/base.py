@@ -33,6 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.name = "toyworld"  # "toyworld" | "prompt_file" | "recam"
     config.data.path = ""  # prompt file (one prompt per line) for "prompt_file"
     config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
+    # > 0: train on a fixed seeded subset of this many conditions (DDPO-style small prompt set, so each one
+    # recurs across epochs and its group statistics accumulate); 0 = all conditions.
+    config.data.num_conditions = 0
 
     ###### Sampling ######
     config.sample = ml_collections.ConfigDict()
@@ -43,6 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.sample.sde_window_size = 0  # flow models: train only a window of w steps (0 = all steps)
     config.sample.sde_window_mode = "random"  # "fixed" | "random" | "sliding"
     config.sample.sde_window_start = 0  # start of a "fixed" window
+    # The k copies of a condition start from the same initial noise x_T (DanceGRPO); their rewards then differ
+    # only through the policy's stochastic steps, which is what the advantages are credited to.
+    config.sample.shared_init_noise = False
     config.sample.guidance_scale = 1.0  # classifier-free guidance; 1.0 = off
     config.sample.batch_size = 8  # per process, per sampling batch
     config.sample.num_batches_per_epoch = 4
@@ -54,6 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train = ml_collections.ConfigDict()
     config.train.batch_size = 8  # samples per training micro-batch (per process)
     config.train.learning_rate = 3e-4
+    # Optimizer steps of linear lr warmup from 0 (then constant). Without it Adam's first, full-size steps on
+    # a noisy policy gradient can knock a small pretrained model's reward down for several epochs.
+    config.train.lr_warmup_steps = 0
     config.train.adam_beta1 = 0.9
     config.train.adam_beta2 = 0.999
     config.train.adam_weight_decay = 1e-4
@@ -106,7 +115,10 @@ def get_config() -> ml_collections.ConfigDict:
 
     ###### Evaluation ######
     config.eval = ml_collections.ConfigDict()
-    config.eval.num_samples = 64  # held-out conditions, deterministic sampling (eta=0 / ODE)
+    config.eval.num_samples = 64  # deterministic sampling (eta=0 / ODE) with fixed seeds
+    # "eval": held-out conditions never trained on; "train": the training conditions (fresh seeds), which is
+    # what DDPO reports; only meaningful with data.num_conditions small enough that they recur.
+    config.eval.split = "eval"
     config.eval.seed = 1234
     config.eval.batch_size = 32
     return config

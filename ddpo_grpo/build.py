@@ -95,10 +95,16 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"train.kl_type={t.kl_type!r}; choose 'gaussian' or 'k3'")
     if not 0 <= t.reference_model_mixup_alpha <= 1:
         raise ConfigError(f"train.reference_model_mixup_alpha={t.reference_model_mixup_alpha} must be in [0, 1]")
+    if t.lr_warmup_steps < 0:
+        raise ConfigError(f"train.lr_warmup_steps={t.lr_warmup_steps} must be >= 0")
     if int(t.timesteps_per_call) < 0:
         raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1, or 0 for auto")
     if config.tracker.std_mode not in STD_MODES:
         raise ConfigError(f"tracker.std_mode={config.tracker.std_mode!r}; choose one of {STD_MODES}")
+    if config.eval.split not in ("eval", "train"):
+        raise ConfigError(f"eval.split={config.eval.split!r}; choose 'eval' (held-out) or 'train'")
+    if config.data.num_conditions < 0:
+        raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
     if config.reward.per_step not in PER_STEP:
         raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP}")
     if config.mixed_precision not in ("no", "fp16", "bf16"):
@@ -139,7 +145,13 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     unet = pipe.unet
     optimizer = make_trainable(unet, config)
     t = config.train
-    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and
+    # on a noisy policy gradient they knock the pretrained model down before the signal averages in.
+    # accelerate steps a prepared scheduler once per process, hence the factor (as in diffusers' scripts).
+    from diffusers.optimization import get_scheduler
+
+    lr_scheduler = get_scheduler("constant_with_warmup", optimizer,
+                                 num_warmup_steps=t.lr_warmup_steps * accelerator.num_processes)
     unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     reference = None
     if t.beta > 0:

@@ -53,18 +53,54 @@ class ToyWorldConditions:
         return {"index": self.ds.indices[i], "prompt": cond.prompt(), "condition": cond}
 
 
+class ConditionSubset:
+    """A fixed subset of a condition dataset (DDPO-style small prompt set, so each condition recurs across
+    epochs). Items keep their dataset index, so groups, captions and checkpoints are unchanged."""
+
+    def __init__(self, dataset, positions: np.ndarray):
+        self.dataset, self.positions = dataset, [int(p) for p in positions]
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @property
+    def weights(self) -> Optional[np.ndarray]:
+        w = getattr(self.dataset, "weights", None)
+        if w is None:
+            return None
+        w = np.asarray(w, dtype=np.float64)[self.positions]
+        return w / w.sum()
+
+    def __getitem__(self, i: int) -> Dict:
+        return self.dataset[self.positions[i]]
+
+
+def _subset(dataset, n: int, seed: int):
+    """The first n conditions of a seeded draw (by the dataset's weights, if any); n <= 0 keeps everything."""
+    if n <= 0 or n >= len(dataset):
+        return dataset
+    w = getattr(dataset, "weights", None)
+    positions = np.random.default_rng((seed, 13)).choice(len(dataset), size=n, replace=False, p=w)
+    return ConditionSubset(dataset, np.sort(positions))
+
+
 def build_dataset(config, split: str):
-    """The condition dataset named by config.data.name."""
+    """The condition dataset named by config.data.name. split "train": the training conditions (a subset of
+    data.num_conditions if set); "eval": the conditions evaluated, per config.eval.split."""
     name = config.data.name
+    if split == "eval" and config.eval.split == "train":
+        return build_dataset(config, "train")
     if name == "toyworld":
-        return ToyWorldConditions("eval" if split == "eval" else config.data.split)
-    if name == "prompt_file":
-        return PromptFileDataset(config.data.path)
-    if name == "recam":
+        ds = ToyWorldConditions("eval" if split == "eval" else config.data.split)
+    elif name == "prompt_file":
+        ds = PromptFileDataset(config.data.path)
+    elif name == "recam":
         from .recam.data import RecamConditions
 
-        return RecamConditions(split=split)
-    raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file' or 'recam'")
+        ds = RecamConditions(split=split)
+    else:
+        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file' or 'recam'")
+    return _subset(ds, config.data.num_conditions, config.seed) if split == "train" else ds
 
 
 @dataclass

@@ -52,6 +52,20 @@ def sde_window(config, epoch: int) -> Optional[tuple]:
     return (start, w)
 
 
+def group_init_noise(config, epoch: int, keys: List[int], sample_shape) -> torch.Tensor:
+    """Initial noise x_T (B, C, H, W) that is a function of (seed, epoch, condition key) only, so the k copies of a
+    condition start from the same x_T wherever they are sampled (DanceGRPO's shared initial noise).
+
+    Why: x_T is not an action of the policy (no log-prob term), yet with independent x_T much of a group's reward
+    spread comes from it; the advantages then mostly reward lucky starts and the gradient is that much noisier.
+    With x_T shared, the spread within a group comes from the policy's own stochastic steps."""
+    return torch.stack([
+        torch.randn(tuple(sample_shape), generator=torch.Generator().manual_seed(
+            int(np.random.default_rng((config.seed, epoch, int(k), 17)).integers(2**62))))
+        for k in keys
+    ])
+
+
 def sampler_settings(config, family: str) -> SamplerSettings:
     return SamplerSettings(family=family, guidance_scale=config.sample.guidance_scale, eta=config.sample.eta,
                            noise_level=config.sample.noise_level, sde_type=config.sample.sde_type)
@@ -82,10 +96,13 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
         gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
         cond = stack_items(items, acc.device)
+        latents = None
+        if config.sample.shared_init_noise:
+            latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)
         with acc.autocast():
             traj = pipeline_with_logprob(
                 unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
-                sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
+                latents=latents, sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
                 return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond,
             )
         metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]

@@ -126,6 +126,8 @@ def _config(name="tiny"):
     (lambda c: setattr(c.pretrained, "model", "/no/such/model"), "pretrained.model"),
     (lambda c: setattr(c.tracker, "std_mode", "median"), "tracker.std_mode"),
     (lambda c: setattr(c.reward, "per_step", "x1"), "reward.per_step"),
+    (lambda c: setattr(c.eval, "split", "test"), "eval.split='test'"),
+    (lambda c: setattr(c.data, "num_conditions", -1), "data.num_conditions=-1"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.build import validate_config
@@ -171,6 +173,42 @@ def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
         singles += int((idx < 72).sum())
         pairs += int((idx >= 72).sum())
     assert 0.35 < singles / (singles + pairs) < 0.65  # uniform draws would give ~3% singles
+
+
+def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
+    from ddpo_grpo.data import ToyWorldConditions, build_dataset
+
+    c = _config()
+    c.data.num_conditions = 32
+    sub, again = build_dataset(c, "train"), build_dataset(c, "train")
+    assert len(sub) == 32 and sub.positions == again.positions  # the same 32 on every process and resume
+    full = ToyWorldConditions("train")
+    for i in (0, 17, 31):  # items are the full dataset's items, with their global index (the group key)
+        assert sub[i]["index"] == full[sub.positions[i]]["index"] and sub[i]["prompt"] == full[sub.positions[i]]["prompt"]
+    w = full.weights[sub.positions]
+    assert np.allclose(sub.weights, w / w.sum()) and abs(sub.weights.sum() - 1) < 1e-12
+    s = KRepeatSampler(len(sub), 16, 4, 1, 8, seed=0, weights=sub.weights)
+    seen = set()
+    for epoch in range(12):
+        seen |= {sub[int(p)]["index"] for p in np.unique(s.epoch_plan(epoch))}
+    assert seen <= {sub[i]["index"] for i in range(32)} and len(seen) > 8  # conditions recur across epochs
+    assert len(build_dataset(c, "eval")) == 64  # held-out by default
+    c.eval.split = "train"
+    ev = build_dataset(c, "eval")
+    assert [ev[i]["index"] for i in range(32)] == [sub[i]["index"] for i in range(32)]
+    c.data.num_conditions = 0
+    assert len(build_dataset(c, "train")) == len(full)
+
+
+def test_shared_init_noise_depends_on_condition_and_epoch_only():
+    from ddpo_grpo.sampling import group_init_noise
+
+    c = _config()
+    a = group_init_noise(c, 3, [5, 9, 5], (3, 8, 8))
+    assert a.shape == (3, 3, 8, 8) and torch.equal(a[0], a[2]) and not torch.equal(a[0], a[1])
+    assert torch.equal(group_init_noise(c, 3, [9], (3, 8, 8))[0], a[1])  # wherever the copy is sampled
+    assert not torch.equal(group_init_noise(c, 4, [5], (3, 8, 8))[0], a[0])  # fresh noise every epoch
+    assert abs(float(group_init_noise(c, 0, list(range(64)), (3, 8, 8)).std()) - 1) < 0.05
 
 
 def test_toyworld_eval_split_is_balanced_and_held_out():
