@@ -87,6 +87,13 @@ def tiny_flow():
     config.sample.noise_level = 0.7
     config.sample.sde_type = "sde"
     config.sample.num_steps = 10
+    # What made the toy reward rise here (each measured, see the README): a fixed set of 32 conditions that recur
+    # (as DDPO's prompt sets do), evaluated on those conditions with fresh seeds; the k copies of a condition
+    # starting from one x_T; and a warmup, without which Adam's first steps knock the reward down.
+    config.data.num_conditions = 32
+    config.eval.split = "train"
+    config.sample.shared_init_noise = True
+    config.train.lr_warmup_steps = 24
     return config
 
 
@@ -138,6 +145,7 @@ def recam_tiny():
     config.train.clip_range = 1e-2
     config.train.min_step_std = 0.3
     config.train.beta = 0.004
+    config.train.lr_warmup_steps = 24  # without it one epoch at lr 3e-5 cut cam_score from 0.42 to 0.27 (README)
     config.reward.fns = {"cam_score": 1.0}
     config.reward.kwargs = {}
     config.eval.num_samples = 32

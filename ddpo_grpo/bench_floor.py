@@ -71,6 +71,8 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
     from .models import load_pipeline
     from .training import training_calls
 
+    if config.flush_denormal:  # as the trainer does on CPU
+        torch.set_flush_denormal(True)
     rss_runtime = proc_status_mb("VmRSS")
     pipe = load_pipeline(config.pretrained.model)
     unet = pipe.unet

@@ -26,7 +26,7 @@ def _zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
 
 
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
-    """`train.timesteps_per_call = 0` (auto): time one forward+backward of b x S rows for S = 1, 2, 4, 8 on this
+    """`train.timesteps_per_call = 0` (auto): time one forward+backward of b x S rows for S = 1, 2, 4, 8 and T_train on this
     epoch's samples and keep the S with the lowest time per sample-step. Gradients are discarded."""
     import time
 
@@ -38,7 +38,7 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
     mask = torch.ones(N, dtype=torch.bool)
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     best, best_t = 1, float("inf")
-    for S in [s for s in (1, 2, 4, 8) if s <= T_train]:
+    for S in sorted({s for s in (1, 2, 4, 8, T_train) if s <= T_train}):  # T_train: all trained steps in one call
         idx = torch.arange(b)
         cols = torch.stack([torch.arange(S) % T for _ in range(b)])
         times = []

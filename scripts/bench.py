@@ -25,8 +25,9 @@ in <out>/runs/, and with --efficacy <out>/efficacy.png. bench.json:
                 optimizer_steps, reference_forwards, peak_rss_mb, rss_mb {runtime, loaded, peak_after_sampling,
                 peak}, memory_estimate_mb {runtime_mb, weights_mb, grads_mb, adam_mb, activations_mb, total_mb},
                 cpu_busy_before, ...}]
-    runs      [{name, batch_size, cfg, malloc, timesteps_per_call, epochs, measured_epochs, epoch_s,
-                phases_s {sampling, reward, advantages, verification, training[, eval]}, samples_per_epoch,
+    runs      [{name, batch_size, cfg, malloc, timesteps_per_call, epochs, measured_epochs, epoch_s (best measured
+                epoch), phases_s {sampling, reward, advantages, verification, training[, eval]} (best per phase),
+                epoch_s_mean, phases_s_mean, samples_per_epoch,
                 samples_per_s, peak_rss_mb, floor (name), floor_s, overhead, overhead_sampling,
                 overhead_training, rss_over_floor, rss_over_floor_estimate, cpu_busy_before, ...}]
     gains     [{batch_size, cfg, change, malloc, timesteps_per_call, epoch_s, baseline_epoch_s, speedup,
@@ -367,7 +368,8 @@ def report(result: Dict) -> str:
 def main(argv=None) -> Dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="config/grpo.py:tiny")
-    ap.add_argument("--epochs", type=int, default=2, help="epochs per trainer run; the first is skipped when > 1")
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="epochs per trainer run; the first is skipped when > 1, the best of the rest counts")
     ap.add_argument("--batch-sizes", default="8,16", help="per-device sample and train batch sizes, comma-separated")
     ap.add_argument("--cfg", choices=("off", "on", "both"), default="both",
                     help=f"classifier-free guidance: guidance_scale 1.0 (off) and/or {GUIDANCE_ON} (on)")
@@ -377,7 +379,7 @@ def main(argv=None) -> Dict:
     ap.add_argument("--timesteps-per-call", default="1", help="train.timesteps_per_call values, e.g. 1,4")
     ap.add_argument("--floor-malloc", choices=("default", "tuned"), default="tuned",
                     help="allocator of the bare-loop floor subprocess (the floor should be the best case)")
-    ap.add_argument("--floor-repeats", type=int, default=1, help="timed repeats of the floor loops (fastest counts)")
+    ap.add_argument("--floor-repeats", type=int, default=2, help="timed repeats of the floor loops (fastest counts)")
     ap.add_argument("--no-floor", action="store_true", help="skip the floor measurements")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed grid (e.g. with --efficacy only)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every subprocess (default: inherit)")

@@ -91,3 +91,30 @@ def test_deterministic_sampling_is_reproducible_and_has_no_logprob():
     b = pipeline_with_logprob(unet, ddim_scheduler(), settings, emb, latents=lat, num_inference_steps=5, deterministic=True)
     assert a.log_probs is None and torch.equal(a.images, b.images)
     assert a.images.min() >= 0 and a.images.max() <= 1
+
+
+@pytest.mark.parametrize("family,sde_type", [("ddim", "sde"), ("flow", "sde"), ("flow", "cps")])
+def test_pred_x0_of_a_column_follows_that_steps_action(family, sde_type):
+    """Per-step rewards score x̂0 predicted from step j's *output* (so they depend on step j's sampled action);
+    the last step's output is the final image itself."""
+    from ddpo_grpo.diffusers_patch.pipeline_with_logprob import decode
+    from ddpo_grpo.diffusers_patch.policy_step import denoiser_output, predicted_x0
+
+    unet, sched, settings, emb, neg, traj = _sample(family, 1.0, sde_type)
+    n = traj.log_probs.shape[1]
+    for j in range(n):
+        if j + 1 < len(sched.timesteps):
+            x = traj.latents[:, j + 1]
+            t = sched.timesteps[j + 1].expand(B)
+            with torch.no_grad():
+                out = denoiser_output(unet, x, t, emb, None, 1.0)
+            want = decode(None, predicted_x0(family, sched, out, t, torch.full((B,), j + 1), x))
+        else:
+            want = traj.images
+        torch.testing.assert_close(traj.pred_x0[:, j], want, atol=1e-6, rtol=0)
+    # not the prediction from the step's own input, which its action cannot affect
+    with torch.no_grad():
+        t0 = sched.timesteps[0].expand(B)
+        before = decode(None, predicted_x0(family, sched, denoiser_output(unet, traj.latents[:, 0], t0, emb, None, 1.0),
+                                           t0, torch.zeros(B, dtype=torch.long), traj.latents[:, 0]))
+    assert (traj.pred_x0[:, 0] - before).abs().max() > 1e-3

@@ -67,7 +67,10 @@ def _final_weights(run_dir):
 
 
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
-    extra = ["--config.save_freq=1"]
+    # The kill lands inside the lr warmup (2 optimizer steps per epoch, 5 warmup steps): the scheduler state, the
+    # condition subset and the per-condition initial noise must all come back identical.
+    extra = ["--config.save_freq=1", "--config.train.lr_warmup_steps=5", "--config.sample.shared_init_noise=True",
+             "--config.data.num_conditions=6"]
     launch(tmp_path, "straight", epochs=3, extra=extra)
     proc = launch(tmp_path, "killed", epochs=3, extra=extra, wait=False)
     first = tmp_path / "killed" / "checkpoints" / "checkpoint_00001"

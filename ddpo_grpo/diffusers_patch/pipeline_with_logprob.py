@@ -109,6 +109,7 @@ def pipeline_with_logprob(
     for i, t in enumerate(timesteps):
         tt = t.expand(B).to(device)
         idx = torch.full((B,), i, dtype=torch.long)
+        x_in = latents
         if i in stored and not deterministic:
             if i == stored.start:
                 all_latents.append(latents)
@@ -128,9 +129,14 @@ def pipeline_with_logprob(
                     all_latents.append(latents)
                 all_latents.append(new)
             latents = new
-        if return_pred_x0 and i in stored:
-            x0 = predicted_x0(settings.family, scheduler, out, tt, idx, all_latents[-2])
+        if return_pred_x0 and i - 1 in stored:
+            # Column i-1's x̂0 is predicted from step i-1's *output* (this step's input): it is what the action
+            # of step i-1 led to. The prediction from step i-1's own input would not depend on its action, and
+            # a per-step advantage built from it would carry no signal for that step.
+            x0 = predicted_x0(settings.family, scheduler, out, tt, idx, x_in)
             x0s.append(decode(vae, x0.to(latents.dtype)))
+    if return_pred_x0 and len(timesteps) - 1 in stored:
+        x0s.append(decode(vae, latents))  # the last step's output is the sample itself
     return Trajectory(
         latents=torch.stack(all_latents, dim=1),
         log_probs=None if deterministic else torch.stack(log_probs, dim=1),

@@ -4,7 +4,8 @@ Per-step modes (`per_step=`), for a trajectory of T denoising steps:
   - "none":      avg (B,) = sum_k w_k * score_k(final images).
   - "broadcast": avg (B, T) = the final weighted score copied to every step.
   - "x0":        avg[:, t] = s_t := sum_k w_k * score_k(x0_images[:, t]), the weighted score of the
-                 clean image x^0_t predicted at step t (x0_images (B, T, C, H, W), clamped to [0, 1]).
+                 clean image x^0_t predicted from step t's output, i.e. after its action (x0_images
+                 (B, T, C, H, W), clamped to [0, 1]; the last step's is the final image).
   - "x0_gain":   avg[:, 0] = s_0 and avg[:, t] = s_t - s_{t-1} for t >= 1, i.e. the gain over a zero
                  baseline before the first step. The cumulative sum over steps gives back s_t, so the
                  undiscounted return from step 0 is s_{T-1}, the score of the last prediction (~ the
