@@ -41,3 +41,26 @@ def test_bench_floor_and_one_trainer_run(tmp_path):
     assert run["samples_per_epoch"] == 8 and run["measured_epochs"] == [0]
     assert {"sampling", "reward", "advantages", "verification", "training"} <= set(run["phases_s"])
     assert res["gains"] == [] and res["efficacy"] is None
+
+
+def test_interleaved_floor_and_trainer_in_one_process(tmp_path):
+    """--mode interleaved: floor and trainer epochs alternate in one process; the best of the rounds after the
+    warm-up round counts on each side, and the ratios are those bests' quotients."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "inter.json"
+    subprocess.run([sys.executable, "-m", "ddpo_grpo.bench_floor", "--config", "config/grpo.py:tiny",
+                    "--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.train.batch_size=4",
+                    "--config.sample.num_batches_per_epoch=2", "--config.sample.k=4", "--config.train.min_step_std=0",
+                    "--mode=interleaved", "--repeats=2", f"--out={out}"],
+                   cwd=ROOT, check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = json.loads(out.read_text())
+    assert res["rounds"] == 2 and len(res["floor_runs"]) == len(res["trainer_runs"]) == 3
+    for side in ("floor", "trainer"):
+        for k in ("sampling_s", "training_s"):
+            runs = [r[k] for r in res[f"{side}_runs"]]
+            assert all(v > 0 for v in runs) and res[f"{side}_{k}"] == min(runs[1:])  # warm-up round dropped
+    assert abs(res["overhead_training"] - res["trainer_training_s"] / res["floor_training_s"]) < 1e-12
+    total = lambda side: res[f"{side}_sampling_s"] + res[f"{side}_training_s"]  # noqa: E731
+    assert abs(res["overhead"] - total("trainer") / total("floor")) < 1e-12
