@@ -16,7 +16,7 @@ same model and geometry: (a) the sampling forwards and (b) the training forward+
 steps, nothing else. overhead = epoch seconds / floor seconds; RSS likewise.
 
 Output: a markdown report on stdout (progress on stderr), <out>/bench.json, trainer/floor logs and summaries
-in <out>/runs/, and with --efficacy <out>/efficacy.png. bench.json:
+in <out>/runs/, a plot of the speed grid in <out>/bench.png, and with --efficacy <out>/efficacy.png. bench.json:
 
     meta      {date, command, cpus, cpu_busy_start, threads, config, epochs, batch_sizes, cfg, malloc,
                timesteps_per_call, overrides, floor_malloc, floor_repeats, total_wall_s, ...}
@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # ----------------------------------------------------------------------------------------------- processes
 
+from ddpo_grpo.bench_plots import plot_efficacy, plot_speed  # noqa: E402
 from ddpo_grpo.bench_runs import (  # noqa: E402
     GUIDANCE_ON, ROOT, TUNED_MALLOC, attach_floor, child_env, cpu_busy, gains, measure_floor, measure_trainer,
     normalize_overrides, pretrained_eval,
@@ -96,6 +97,7 @@ def run_bench(args) -> Dict:
                         say(f"trainer {run['epoch_s']:.2f} s/epoch, overhead {fmt(run.get('overhead'))}, peak RSS "
                             f"{run['peak_rss_mb']:.0f} MB" if "error" not in run else "trainer FAILED:\n" + run["error"])
         result["gains"] = gains(result["runs"])
+        result["meta"]["plot"] = plot_speed(result, os.path.join(args.out, "bench.png"))
     result["efficacy"] = run_efficacy(args, overrides, workdir) if args.efficacy else None
     result["meta"]["total_wall_s"] = time.time() - t_start
     result["meta"]["loadavg_end"] = os.getloadavg()
@@ -226,38 +228,6 @@ def run_efficacy(args, overrides: List[str], workdir: str) -> Dict:
     if ok:
         out["plot"] = plot_efficacy(out, os.path.join(args.out, "efficacy.png"))
     return out
-
-
-def plot_efficacy(eff: Dict, path: str) -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, e in eff["runs"].items():
-        if not e.get("curve"):
-            continue
-        pts = [p for p in e["curve"] if p["metric"] is not None]
-        xs, ws, ys = [p["samples"] for p in pts], [p["wall_s"] for p in pts], [p["metric"] for p in pts]
-        if e.get("start") is not None:
-            xs, ws, ys = [0] + xs, [0.0] + ws, [e["start"]] + ys
-        axes[0].plot(xs, ys, marker="o", label=label)
-        axes[1].plot(ws, ys, marker="o", label=label)
-    for ax, xl in zip(axes, ("cumulative samples", "cumulative wall seconds (without eval)")):
-        if eff.get("target") is not None:
-            ax.axhline(eff["target"], color="gray", ls="--", lw=1, label=f"target {eff['target']:.3f}")
-        ax.set_xlabel(xl)
-        ax.set_ylabel(eff["metric"])
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("held-out eval accuracy (deterministic sampling)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 # ------------------------------------------------------------------------------------------------ report

@@ -41,6 +41,7 @@ def test_bench_floor_and_one_trainer_run(tmp_path):
     assert run["samples_per_epoch"] == 8 and run["measured_epochs"] == [0]
     assert {"sampling", "reward", "advantages", "verification", "training"} <= set(run["phases_s"])
     assert res["gains"] == [] and res["efficacy"] is None
+    assert res["meta"]["plot"] == str(tmp_path / "bench.png") and (tmp_path / "bench.png").stat().st_size > 1000
 
 
 def test_interleaved_floor_and_trainer_in_one_process(tmp_path):
