@@ -72,8 +72,9 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
     from .models import load_pipeline
     from .training import training_calls
 
-    if config.flush_denormal:  # as the trainer does on CPU
-        torch.set_flush_denormal(True)
+    from .devices import apply_cpu_settings
+
+    apply_cpu_settings(config)  # as the trainer does on CPU
     rss_runtime = proc_status_mb("VmRSS")
     pipe = load_pipeline(config.pretrained.model)
     unet = pipe.unet
@@ -272,10 +273,8 @@ def interleaved(config, rounds: int = 3) -> Dict:
     from .sampling import collect_rewards, sample_epoch
     from .training import train_epoch
 
-    if config.flush_denormal:
-        torch.set_flush_denormal(True)
     acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
-    floors, trainer = [], []
+    floors, trainer = [], []  # floor() applies the CPU math settings before each round's trainer epoch
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)
         for r in range(rounds + 1):

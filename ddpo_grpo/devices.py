@@ -24,3 +24,13 @@ def setup() -> str:
     if npu_available():
         return "npu"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def apply_cpu_settings(config, device: str = "cpu") -> None:
+    """CPU-only math settings shared by the trainer and the benchmark floor: flush denormal floats to zero
+    (config.flush_denormal). Policy-gradient losses of ~1e-5 put backward gradients in the denormal range,
+    which x86 CPUs process many times slower."""
+    import torch
+
+    if device == "cpu" and config.flush_denormal:
+        torch.set_flush_denormal(True)

@@ -59,8 +59,7 @@ def run(config):
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision, log_with=trackers or None,
                               project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
-    if device == "cpu" and config.flush_denormal:
-        torch.set_flush_denormal(True)
+    devices.apply_cpu_settings(config, device)
     set_seed(config.seed, device_specific=True)
     if accelerator.is_main_process:
         os.makedirs(run_dir, exist_ok=True)
