@@ -212,3 +212,46 @@ def test_cam_score_through_reward_computer_with_dataset_items():
     res = RewardComputer({"cam_score": 1.0})(images, [it["prompt"] for it in items], meta)
     assert res.valid.all() and res.final.min() > 0.5
     assert res.details["cam_score/cam_score_accuracy"].mean() == 1.0
+
+
+def test_follow_stats_recovers_a_known_bias():
+    from ddpo_grpo.recam.follow import follow_stats, within_group_std
+
+    rng = np.random.default_rng(0)
+    req = np.stack([rng.integers(-6, 7, 200), rng.integers(-6, 7, 200), np.exp(rng.uniform(-0.2, 0.2, 200))], 1)
+    est = np.stack([0.5 * req[:, 0] + 1.0, req[:, 1] + rng.normal(0, 0.3, 200), req[:, 2] ** 0.8], 1).astype(float)
+    est[3] = np.nan  # an estimator failure is skipped
+    s = follow_stats(est, req)
+    assert s["measured"] == pytest.approx(199 / 200)
+    assert s["dx_slope"] == pytest.approx(0.5) and s["dx_offset"] == pytest.approx(1.0) and s["dx_resid_std"] < 1e-9
+    assert s["dy_slope"] == pytest.approx(1.0, abs=0.03) and s["dy_resid_std"] == pytest.approx(0.3, abs=0.04)
+    assert s["log_zoom_slope"] == pytest.approx(0.8) and abs(s["log_zoom_offset"]) < 1e-9
+    g = within_group_std(np.array([0.0, 1.0, 0.5, 0.5]), [7, 7, 9, 9])
+    assert g == {"within_group_std": 0.25, "between_condition_std": 0.0, "group_max_mean": 0.75}
+    with pytest.raises(ValueError, match="3 measured"):
+        follow_stats(np.full((4, 3), np.nan), req[:4])
+
+
+def test_ground_truth_views_follow_the_camera_exactly(triples):
+    from ddpo_grpo.recam.follow import follow_stats
+
+    est = np.array([estimate_moments(c.source_view(), c.target_view()) for c in triples])
+    s = follow_stats(est, np.array([c.motion.as_tuple() for c in triples]))
+    for name in ("dx", "dy", "log_zoom"):
+        assert s[f"{name}_slope"] == pytest.approx(1.0, abs=0.02)
+    assert s["dx_resid_std"] < 0.2 and s["dy_resid_std"] < 0.2 and s["log_zoom_resid_std"] < 0.02
+
+
+def test_recam_follow_script_runs_on_the_bundled_model(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+    out = tmp_path / "f.json"
+    p = subprocess.run([sys.executable, "scripts/recam_follow.py", "--conditions", "6", "--copies", "2", "--steps", "3",
+                        "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["conditions"] == 6 and r["copies"] == 2 and 0.0 <= r["cam_score"] <= 1.0
+    assert {"dx_slope", "dy_slope", "log_zoom_slope", "within_group_std"} <= set(r)
