@@ -129,26 +129,34 @@ def recam():
 
 
 def recam_tiny():
-    """The recam recipe on the bundled tiny camera model, on this CPU: cam_score only, per-step rewards,
-    EMA reference; conditions are dataset indices (source view + camera motion)."""
+    """The recam recipe on the bundled tiny camera model, on this CPU: cam_score only, per-step rewards, EMA
+    reference; conditions are dataset indices (source view + camera motion). Measured in the README: eval
+    cam_score 0.438 -> 0.491 over 40 epochs (about 9 min on one core)."""
     config = recam()
     config.mixed_precision = "no"
-    config.num_epochs = 20
+    config.num_epochs = 40
     config.save_freq = 10
-    config.eval_freq = 5
+    config.eval_freq = 10
+    config.data.num_conditions = 8  # a recurring set, reported on itself (DDPO's way): see the README for why
+    config.eval.split = "train"
+    config.eval.num_samples = 64  # 8 per condition
     config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 4  # 32 samples per epoch = 8 conditions x 4 copies (per process)
+    config.sample.num_batches_per_epoch = 16
+    config.sample.k = 16  # 128 samples per epoch = 8 conditions x 16 copies (per process)
     config.sample.num_steps = 10
+    config.sample.shared_init_noise = True  # the k copies start from one x_T: the spread is the policy's own
     config.train.batch_size = 8
-    config.train.learning_rate = 3e-5  # as in `tiny`: small steps, high-noise steps only, clip 1e-2
+    # One optimizer step per epoch on all 128 samples, on the 2 noisiest steps (std 0.83, 0.69 of 10) only: the
+    # first two steps make most of a group's cam_score spread, and every other trained step, or smaller
+    # batches per step, added gradient noise that moved the model faster than the signal did (README).
+    config.train.gradient_accumulation_steps = 16
+    config.train.min_step_std = 0.65
+    config.train.learning_rate = 3e-5
     config.train.clip_range = 1e-2
-    config.train.min_step_std = 0.3
     config.train.beta = 0.004
-    config.train.lr_warmup_steps = 24  # without it one epoch at lr 3e-5 cut cam_score from 0.42 to 0.27 (README)
+    config.train.lr_warmup_steps = 3  # without warmup one step at lr 3e-5 cut cam_score from 0.42 to 0.27 (README)
     config.reward.fns = {"cam_score": 1.0}
     config.reward.kwargs = {}
-    config.eval.num_samples = 32
     return config
 
 

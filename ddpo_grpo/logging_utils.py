@@ -49,8 +49,8 @@ def log_images(accelerator, name: str, grid: Image.Image, step: int, images: Opt
                 tracker.log({name: items}, step=step)
 
 
-def reward_curve(history: List[Dict[str, float]], path: str) -> None:
-    """Training (and eval, where present) reward per epoch, to a PNG."""
+def reward_curve(history: List[Dict[str, float]], path: str, eval_split: str = "eval") -> None:
+    """Training (and eval, where present) reward per epoch, to a PNG. eval_split: config.eval.split, for the label."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +64,8 @@ def reward_curve(history: List[Dict[str, float]], path: str) -> None:
         ax.plot(ep[4:], np.convolve(r, np.ones(5) / 5, mode="valid"), label="train reward, 5-epoch mean")
     ev = [(h["epoch"], h["eval_reward_mean"]) for h in history if "eval_reward_mean" in h]
     if ev:
-        ax.plot(*zip(*ev), "o-", label="eval reward (deterministic, held-out)")
+        where = "held-out" if eval_split == "eval" else "training conditions"
+        ax.plot(*zip(*ev), "o-", label=f"eval reward (deterministic, {where})")
     ax.set_xlabel("epoch")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)

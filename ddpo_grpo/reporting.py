@@ -127,7 +127,7 @@ def finish(ctx, seconds: float, final_eval: bool = True) -> None:
     if acc.is_main_process and ctx.state.history:
         points = ctx.state.history + ([{"epoch": ctx.state.epoch, "eval_reward_mean": final["eval/reward_mean"]}]
                                       if final else [])
-        reward_curve(points, os.path.join(ctx.run_dir, "reward_curve.png"))
+        reward_curve(points, os.path.join(ctx.run_dir, "reward_curve.png"), ctx.config.eval.split)
         evals = sorted(f for f in os.listdir(os.path.join(ctx.run_dir, "images")) if f.startswith("eval_epoch_")) \
             if os.path.isdir(os.path.join(ctx.run_dir, "images")) else []
         if evals:

@@ -29,7 +29,7 @@ def test_recam_tiny_two_processes_reproduces_the_seed_report_checks(tmp_path):
            "--main_process_port", str(29700 + os.getpid() % 1000), "scripts/train.py",
            "--config", "config/grpo.py:recam_tiny", "--config.num_epochs=1", f"--config.logdir={tmp_path}",
            "--config.run_name=r", "--config.sample.batch_size=2", "--config.sample.num_batches_per_epoch=4",
-           "--config.train.batch_size=2", "--config.sample.num_steps=4", "--config.eval_freq=0",
+           "--config.train.batch_size=2", "--config.sample.k=4", "--config.sample.num_steps=4", "--config.eval_freq=0",
            "--config.save_freq=0", "--config.logging.wandb=False", "--config.logging.debug_dump=True"]
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
