@@ -131,7 +131,7 @@ def recam():
 def recam_tiny():
     """The recam recipe on the bundled tiny camera model, on this CPU: cam_score only, per-step rewards, EMA
     reference; conditions are dataset indices (source view + camera motion). Measured in the README: eval
-    cam_score 0.438 -> 0.491 over 40 epochs (about 9 min on one core)."""
+    cam_score 0.438 -> 0.513 over 40 epochs (seed 42; 16 min on one core), and a rise for each of 4 seeds."""
     config = recam()
     config.mixed_precision = "no"
     config.num_epochs = 40
