@@ -244,10 +244,11 @@ def test_ground_truth_views_follow_the_camera_exactly(triples):
 
 def test_recam_follow_script_runs_on_the_bundled_model(tmp_path):
     import json
+    import os
     import subprocess
     import sys
 
-    root = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "f.json"
     p = subprocess.run([sys.executable, "scripts/recam_follow.py", "--conditions", "6", "--copies", "2", "--steps", "3",
                         "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300)
