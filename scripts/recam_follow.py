@@ -23,7 +23,7 @@ from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
 from ddpo_grpo.recam.cam_score import estimate_moments, score_motion  # noqa: E402
 from ddpo_grpo.recam.data import RecamConditions  # noqa: E402
-from ddpo_grpo.recam.follow import follow_stats, within_group_std  # noqa: E402
+from ddpo_grpo.recam.follow import follow_stats, reward_spread  # noqa: E402
 
 
 @torch.no_grad()
@@ -54,7 +54,7 @@ def measure(model: str, conditions: int = 32, copies: int = 8, steps: int = 10, 
            "cam_score": float(scores.mean()), "translation_error": float(np.nanmean(terr)),
            "zoom_error": float(np.nanmean(zerr))}
     out.update(follow_stats(est, req))
-    out.update(within_group_std(scores, keys))
+    out.update(reward_spread(scores, keys))
     return out
 
 

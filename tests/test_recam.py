@@ -215,7 +215,7 @@ def test_cam_score_through_reward_computer_with_dataset_items():
 
 
 def test_follow_stats_recovers_a_known_bias():
-    from ddpo_grpo.recam.follow import follow_stats, within_group_std
+    from ddpo_grpo.recam.follow import follow_stats, reward_spread
 
     rng = np.random.default_rng(0)
     req = np.stack([rng.integers(-6, 7, 200), rng.integers(-6, 7, 200), np.exp(rng.uniform(-0.2, 0.2, 200))], 1)
@@ -226,7 +226,7 @@ def test_follow_stats_recovers_a_known_bias():
     assert s["dx_slope"] == pytest.approx(0.5) and s["dx_offset"] == pytest.approx(1.0) and s["dx_resid_std"] < 1e-9
     assert s["dy_slope"] == pytest.approx(1.0, abs=0.03) and s["dy_resid_std"] == pytest.approx(0.3, abs=0.04)
     assert s["log_zoom_slope"] == pytest.approx(0.8) and abs(s["log_zoom_offset"]) < 1e-9
-    g = within_group_std(np.array([0.0, 1.0, 0.5, 0.5]), [7, 7, 9, 9])
+    g = reward_spread(np.array([0.0, 1.0, 0.5, 0.5]), [7, 7, 9, 9])
     assert g == {"within_group_std": 0.25, "between_condition_std": 0.0, "group_max_mean": 0.75}
     with pytest.raises(ValueError, match="3 measured"):
         follow_stats(np.full((4, 3), np.nan), req[:4])

@@ -10,7 +10,8 @@ The split matters for RL: a bias (slope, offset) is one direction shared by ever
 gradient finds quickly; residual error is different for every condition and sample, and the group advantages
 then point in a different direction for each condition.
 
-`within_group_std` separates the noise-driven part: the spread of the reward among samples of one condition.
+`reward_spread` separates the noise-driven part: `within_group_std`, the spread of the reward among samples of one
+condition, against `between_condition_std`, the spread of the per-condition means.
 """
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ def follow_stats(estimated: np.ndarray, requested: np.ndarray) -> Dict[str, floa
     return out
 
 
-def within_group_std(rewards: np.ndarray, keys: Sequence[int]) -> Dict[str, float]:
-    """Mean within-condition std of the reward, and the std of the per-condition means (rewards (N,), keys (N,))."""
+def reward_spread(rewards: np.ndarray, keys: Sequence[int]) -> Dict[str, float]:
+    """Mean within-condition std of the reward, std of the per-condition means and mean best-in-group reward.
+
+    rewards (N,), keys (N,): the condition of each sample."""
     rewards, keys = np.asarray(rewards, np.float64), np.asarray(keys)
     groups = [rewards[keys == k] for k in np.unique(keys)]
     return {"within_group_std": float(np.mean([g.std() for g in groups])),
