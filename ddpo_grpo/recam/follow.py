@@ -6,9 +6,9 @@ residual std 0; slope < 1 is under-following (a common failure of camera-control
 camera less than asked), a non-zero offset is a constant drift, and the residual std is the part of the error
 that is not a simple bias: per-condition and per-sample (noise-driven) misses.
 
-The split matters for RL: a bias (slope, offset) is one direction shared by every condition, which a policy
-gradient finds quickly; residual error is different for every condition and sample, and the group advantages
-then point in a different direction for each condition.
+The split matters for RL: a bias (slope, offset) is one correction shared by every condition; residual error is
+different for every condition and sample, so the group advantages point in a different direction for each
+condition, which needs far more samples per optimizer step (README, recam).
 
 `reward_spread` separates the noise-driven part: `within_group_std`, the spread of the reward among samples of one
 condition, against `between_condition_std`, the spread of the per-condition means.
