@@ -115,7 +115,9 @@ def validate_config(config, num_processes: int) -> str:
             raise ConfigError(f"unknown reward {name!r} in reward.fns; available: {', '.join(sorted(names))}")
     if not config.reward.fns:
         raise ConfigError("reward.fns is empty; give at least one reward name with a weight")
-    build_dataset(config, "train")  # a missing or empty prompt file fails here
+    train = build_dataset(config, "train")  # a missing or empty prompt file fails here
+    KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
+                   num_processes=num_processes, k=s.k, seed=config.seed)  # enough distinct conditions per epoch?
     return family
 
 

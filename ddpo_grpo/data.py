@@ -131,7 +131,7 @@ class KRepeatSampler:
         if self.num_conditions > self.dataset_size:
             raise ConfigError(
                 f"an epoch needs {self.num_conditions} distinct conditions but the dataset has {self.dataset_size}; "
-                "raise sample.k or lower the batch geometry"
+                "raise sample.k, lower the batch geometry or raise data.num_conditions"
             )
 
     def epoch_plan(self, epoch: int) -> np.ndarray:

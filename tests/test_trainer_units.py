@@ -241,3 +241,16 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
     assert set(trained.tolist()) == set(cols.tolist()) and len(trained) == 4 * len(cols)
     cfg.train.min_step_std = 0.0
     assert trainable_columns(samples, cfg).tolist() == list(range(10))
+
+
+def test_too_few_conditions_for_the_geometry_fails_in_validation():
+    """recam_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
+    fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
+    from ddpo_grpo.build import validate_config
+
+    c = _config("recam_tiny")
+    assert validate_config(c, num_processes=1) == "ddim"
+    with pytest.raises(ConfigError, match="needs 16 distinct conditions but the dataset has 8; .*data.num_conditions"):
+        validate_config(c, num_processes=2)
+    c.data.num_conditions = 16
+    validate_config(c, num_processes=2)
