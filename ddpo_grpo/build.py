@@ -75,8 +75,6 @@ def validate_config(config, num_processes: int) -> str:
     from .rewards import available_rewards
 
     s, t = config.sample, config.train
-    KRepeatSampler(dataset_size=10**9, batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
-                   num_processes=num_processes, k=s.k, seed=config.seed)
     family = model_family(config)
     if family == "ddim" and s.eta <= 0:
         raise ConfigError(f"sample.eta={s.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
@@ -117,7 +115,7 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError("reward.fns is empty; give at least one reward name with a weight")
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
-                   num_processes=num_processes, k=s.k, seed=config.seed)  # enough distinct conditions per epoch?
+                   num_processes=num_processes, k=s.k, seed=config.seed)  # geometry, and enough distinct conditions
     return family
 
 
