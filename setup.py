@@ -24,7 +24,7 @@ setup(
         "matplotlib>=3.6",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.0"],
         # Ascend NPU: torch_npu is pinned to the torch release; it also needs Huawei's CANN libraries.
         "npu": ["torch_npu==2.13.0"],
     },

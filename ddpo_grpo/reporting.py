@@ -51,6 +51,9 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     for key in ("group_size", "trained_prompt_num", "trained_prompt_num_total", "zero_std_ratio", "reward_std_mean"):
         if key in stats:
             m[key] = float(stats[key])
+    per_column = stats.get("zero_std_ratio_per_column", [])
+    if len(per_column) > 1:  # (B, T) rewards: which denoising steps carried no signal this epoch
+        m.update({f"zero_std_ratio/step_{t:02d}": float(v) for t, v in enumerate(per_column)})
     m["invalid_reward_count"] = float(adv.invalid_count)
     m["excluded_groups"] = float(adv.excluded_groups)
     m.update(checks)

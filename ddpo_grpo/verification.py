@@ -1,6 +1,9 @@
 """Step 4 of the epoch: verify the GRPO invariants on the epoch's gathered data, every epoch, and say so
 in the run's own logs: each condition has exactly k samples; in group mode each group's advantages (per
-timestep column for (B, T) rewards) have mean 0 and std 1, or are all 0 when the rewards were equal."""
+timestep column for (B, T) rewards) have mean 0 and std 1, or are all 0 where the rewards have zero spread.
+
+What "zero spread" means is the tracker's rule (`stat_tracking.zero_spread`, with the tracker's eps): the
+check calls the same function on the same rewards, so it cannot disagree with the math it checks."""
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -8,16 +11,18 @@ from typing import Dict, Tuple
 import numpy as np
 
 from .errors import VerificationError
+from .stat_tracking import PerPromptStatTracker, zero_spread
 
 MEAN_TOL = 1e-4
 STD_TOL = 1e-3
 
 
 def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, rewards: np.ndarray, k: int,
-                  std_mode: str, buffered: bool) -> Tuple[Dict[str, float], str]:
-    """keys (N,), advantages/rewards (N,) or (N, T), mask (N,) bool. Returns (metrics, printable table);
-    raises VerificationError on a violation. Advantage statistics are checked only where they are
-    defined per epoch: group std mode, no history buffer."""
+                  tracker: PerPromptStatTracker) -> Tuple[Dict[str, float], str]:
+    """keys (N,), advantages/rewards (N,) or (N, T), mask (N,) bool; tracker: the one that computed the
+    advantages (its std_mode, buffer and eps say what must hold). Returns (metrics, printable table); raises
+    VerificationError on a violation, naming the condition and column. Advantage statistics are checked only
+    where they are defined per epoch: no history buffer; std 1 only in group std mode."""
     uniq, counts = np.unique(keys, return_counts=True)
     bad = uniq[counts != k]
     if len(bad):
@@ -29,43 +34,54 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
     rew = rewards if rewards.ndim == 2 else rewards[:, None]
     # Per-epoch groups (no history buffer): every mode with a per-group baseline has group mean 0; group std
     # mode also has std 1. The running mode normalises by global running statistics: nothing per group to check.
-    check_stats = std_mode in ("group", "global", "none") and not buffered
-    check_std = std_mode == "group" and not buffered
-    worst_mean, worst_std, zero_cols, cols = 0.0, 0.0, 0, 0
+    buffered = tracker.buffer_size is not None
+    check_stats = tracker.std_mode in ("group", "global", "none") and not buffered
+    check_std = tracker.std_mode == "group" and not buffered
+    worst_mean, worst_std = (0.0, None, None), (0.0, None, None)  # (value, condition, column)
+    zero_cols, cols = 0, 0
     rows = []
     for key in uniq:
         sel = (keys == key) & mask
         if sel.sum() < 2:
             continue
-        a, r = adv[sel], rew[sel]
-        m, s, rs = a.mean(axis=0), a.std(axis=0), r.std(axis=0)
-        zero = rs == 0
+        a, r = adv[sel].astype(np.float64), rew[sel]
+        m, s = a.mean(axis=0), a.std(axis=0)
+        zero = zero_spread(r, tracker.eps)
         cols += len(zero)
         zero_cols += int(zero.sum())
-        rows.append((key, int(sel.sum()), float(r.mean()), float(rs.mean()), float(m.mean()), float(s.mean())))
-        if check_stats:
-            if np.any(a[:, zero] != 0):
-                raise VerificationError(f"condition {key}: rewards are equal but advantages are not 0")
-            if (~zero).any():
-                worst_mean = max(worst_mean, float(np.abs(m[~zero]).max()))
-                if check_std:
-                    worst_std = max(worst_std, float(np.abs(s[~zero] - 1).max()))
-    if check_stats and (worst_mean > MEAN_TOL or worst_std > STD_TOL):
+        rows.append((key, int(sel.sum()), float(r.mean()), float(r.std(axis=0).mean()), float(m.mean()), float(s.mean())))
+        if not check_stats:
+            continue
+        nonzero_adv = np.flatnonzero(zero & (a != 0).any(axis=0))
+        if len(nonzero_adv):
+            raise VerificationError(f"advantage check failed: condition {key} column {int(nonzero_adv[0])}: rewards "
+                                    f"have zero spread (std <= eps {tracker.eps:g}) but advantages are not 0")
+        live = np.flatnonzero(~zero)
+        if len(live):
+            t = live[np.argmax(np.abs(m[live]))]
+            if abs(m[t]) > worst_mean[0]:
+                worst_mean = (float(abs(m[t])), key, int(t))
+            if check_std:
+                t = live[np.argmax(np.abs(s[live] - 1))]
+                if abs(s[t] - 1) > worst_std[0]:
+                    worst_std = (float(abs(s[t] - 1)), key, int(t))
+    if check_stats and (worst_mean[0] > MEAN_TOL or worst_std[0] > STD_TOL):
+        which = worst_mean if worst_mean[0] > MEAN_TOL else worst_std
         raise VerificationError(
-            f"advantage check failed: worst |group mean| = {worst_mean:.2e} (tol {MEAN_TOL}), worst |group std - 1| = "
-            f"{worst_std:.2e} (tol {STD_TOL})"
+            f"advantage check failed: condition {which[1]} column {which[2]}: worst |group mean| = {worst_mean[0]:.2e} "
+            f"(tol {MEAN_TOL}), worst |group std - 1| = {worst_std[0]:.2e} (tol {STD_TOL})"
         )
     metrics = {
         "verify/num_samples": float(len(keys)),
         "verify/num_conditions": float(len(uniq)),
         "verify/samples_per_condition_min": float(counts.min()),
         "verify/samples_per_condition_max": float(counts.max()),
-        "verify/adv_group_mean_abs_max": worst_mean,
-        "verify/adv_group_std_err_max": worst_std,
+        "verify/adv_group_mean_abs_max": worst_mean[0],
+        "verify/adv_group_std_err_max": worst_std[0],
         "verify/zero_std_columns": float(zero_cols),
         "verify/trained_samples": float(mask.sum()),
     }
-    table = format_table(rows, len(keys), len(uniq), k, worst_mean, worst_std, zero_cols, cols, check_stats)
+    table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols, check_stats)
     return metrics, table
 
 

@@ -86,7 +86,7 @@ def run(config):
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)  # 3.
         with timer("verification"):
             checks, table = verify_groups(adv.keys_all, adv.advantages_all, adv.mask_all, adv.rewards_all,
-                                          config.sample.k, config.tracker.std_mode, bool(config.tracker.buffer_size))
+                                          config.sample.k, ctx.tracker)
             accelerator.print(f"epoch {epoch}: " + table)  # 4. exact k per condition, group mean 0 / std 1
         with timer("training"):
             train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)

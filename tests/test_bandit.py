@@ -1,10 +1,12 @@
 """The GRPO core on a contextual bandit, no diffusion involved: a controller picks one of four
 configurations under a latency budget; groups are (sample_id, budget) pairs."""
+import numpy as np
 import torch
 
 from ddpo_grpo.loss import KLInputs, grpo_loss
 from ddpo_grpo.reference import EMAReference
 from ddpo_grpo.stat_tracking import PerPromptStatTracker
+from ddpo_grpo.verification import verify_groups
 
 LATENCY = torch.tensor([1.0, 2.0, 3.0, 4.0])
 ACCURACY = torch.tensor([0.3, 0.5, 0.7, 0.9])
@@ -48,7 +50,8 @@ def test_grpo_learns_the_optimal_arm_per_budget():
             old_lp = dist.log_prob(arm)
         tracker.clear()
         adv = torch.from_numpy(tracker.update(keys, reward(sample_id, budget, arm)))
-        assert tracker.check(group_size=k) == []
+        verify_groups(np.array([s * len(BUDGETS) + b for s, b in pairs for _ in range(k)]), adv.numpy(),
+                      np.ones(len(keys), bool), reward(sample_id, budget, arm).numpy(), k, tracker)
         assert tracker.get_stats()["trained_prompt_num"] == len(pairs)
         for _ in range(2):
             with ref.swapped(policy):  # the reference forward comes before the policy forward

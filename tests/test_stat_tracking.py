@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ddpo_grpo.stat_tracking import PerPromptStatTracker
+from ddpo_grpo.verification import verify_groups
 
 
 def test_group_mode_per_column_mean0_std1_random():
@@ -23,7 +24,7 @@ def test_group_mode_per_column_mean0_std1_random():
         a = adv[[i for i, kk in enumerate(keys) if kk == key]].astype(np.float64)
         np.testing.assert_allclose(a.mean(0), 0.0, atol=1e-6)
         np.testing.assert_allclose(a.std(0), 1.0, atol=1e-6)
-    assert tracker.check(group_size=k) == []
+    verify_groups(np.array([int(kk[1:]) for kk in keys]), adv, np.ones(len(keys), bool), rewards, k, tracker)
     stats = tracker.get_stats()
     assert stats["group_size"] == 4.0 and stats["trained_prompt_num"] == 6 and stats["zero_std_ratio"] == 0.0
 
@@ -99,6 +100,7 @@ def test_stats_on_hand_made_batch_zero_std_per_column():
     assert stats["group_size"] == 2.0
     assert stats["trained_prompt_num"] == 2 and stats["trained_prompt_num_total"] == 2
     assert stats["zero_std_ratio"] == 0.25  # 1 of 2 groups x 2 columns; flattened group a would hide it
+    assert stats["zero_std_ratio_per_column"] == [0.5, 0.0]  # column 0 carries no signal in group a
     # Per-(group, column) stds: a: 0, 0.5; b: 0.5, 1.5.
     assert stats["reward_std_mean"] == pytest.approx((0 + 0.5 + 0.5 + 1.5) / 4)
     a, b = stats["groups"]
@@ -106,8 +108,6 @@ def test_stats_on_hand_made_batch_zero_std_per_column():
     assert a["reward_mean"] == pytest.approx(1.25) and a["reward_std"] == pytest.approx(0.25)
     assert a["adv_mean"] == 0.0 and a["adv_std"] == pytest.approx(0.5)  # columns: std 0 and 1
     assert b["zero_std_columns"] == 0 and b["adv_std"] == pytest.approx(1.0)
-    assert tracker.check(group_size=2) == []
-    assert tracker.check(group_size=3) != []
 
     tracker.clear()
     tracker.update(["c", "c"], np.array([[0.0, 1.0], [1.0, 1.0]]))

@@ -67,7 +67,7 @@ def test_per_timestep_advantages_verify_per_column(acc):
     rewards = torch.tensor(rng.normal(size=(16, 5)), dtype=torch.float32)
     rewards[:4, 2] = 0.5  # one constant column in group 0
     out = compute_advantages(acc, PerPromptStatTracker(), keys, rewards, torch.ones(16, dtype=torch.bool))
-    metrics, table = verify_groups(out.keys_all, out.advantages_all, out.mask_all, out.rewards_all, 4, "group", False)
+    metrics, table = verify_groups(out.keys_all, out.advantages_all, out.mask_all, out.rewards_all, 4, PerPromptStatTracker())
     assert metrics["verify/zero_std_columns"] == 1 and metrics["verify/adv_group_mean_abs_max"] < 1e-6
     assert (out.advantages_all[:4, 2] == 0).all()
     assert "16 samples = 4 conditions x k=4" in table
@@ -77,15 +77,15 @@ def test_verification_catches_wrong_counts_and_bad_advantages():
     keys = np.array([0, 0, 0, 1, 1, 1, 1, 1])
     adv = np.zeros(8, np.float32)
     with pytest.raises(VerificationError, match="expected exactly k=4"):
-        verify_groups(keys, adv, np.ones(8, bool), np.arange(8.0), 4, "group", False)
+        verify_groups(keys, adv, np.ones(8, bool), np.arange(8.0), 4, PerPromptStatTracker())
     keys = np.repeat([0, 1], 4)
     rewards = np.arange(8.0)
     bad = np.array([-1, 0, 0, 2, -1, 0, 0, 1.0], np.float32)  # group 0 mean 0.25
-    with pytest.raises(VerificationError, match="advantage check failed"):
-        verify_groups(keys, bad, np.ones(8, bool), rewards, 4, "group", False)
+    with pytest.raises(VerificationError, match="advantage check failed: condition 0 column 0"):
+        verify_groups(keys, bad, np.ones(8, bool), rewards, 4, PerPromptStatTracker())
     equal_rewards = np.ones(8)
-    with pytest.raises(VerificationError, match="rewards are equal"):
-        verify_groups(keys, bad, np.ones(8, bool), equal_rewards, 4, "group", False)
+    with pytest.raises(VerificationError, match="condition 0 column 0: rewards have zero spread"):
+        verify_groups(keys, bad, np.ones(8, bool), equal_rewards, 4, PerPromptStatTracker())
 
 
 class _Cfg:
