@@ -84,6 +84,12 @@ def get_config() -> ml_collections.ConfigDict:
     # Timesteps of the same samples stacked into one forward call (bigger calls use the CPU/GPU better);
     # 0 = auto: a short probe at the first epoch picks it.
     config.train.timesteps_per_call = 1
+    # "grpo": the clipped-ratio loss on the sampled steps' log-probs (the default). Forward-process objectives on the
+    # sampled images, same sampler/rewards/advantages/checks: "raft" (best-of-N supervision: the plain denoising
+    # loss on each group's best sample) and "nft" (DiffusionNFT: advantage-weighted denoising, see forward_loss.py).
+    config.train.objective = "grpo"
+    config.train.nft_beta = 1.0  # nft: step of the implicit positive/negative policies
+    config.train.nft_adv_scale = 1.0  # nft: optimality r = 1/2 + 1/2 clip(A / scale, -1, 1)
     config.train.beta = 0.0  # KL weight to the reference; 0 skips the reference forward entirely
     config.train.kl_type = "gaussian"  # "gaussian" (exact for a step) | "k3" (Schulman, on logprobs)
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start
@@ -124,4 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval.split = "eval"
     config.eval.seed = 1234
     config.eval.batch_size = 32
+    # pass@k with every eval: k stochastic samples (the training sampler) of each eval condition, fixed seeds; the
+    # share of conditions with at least one right sample (a `*strict_accuracy` detail, else reward >= 1). 0 = off.
+    config.eval.pass_at_k = 4
     return config

@@ -125,6 +125,7 @@ def recam():
     config.reward.fns = {"cam_score": 1.0, "unifiedscore": 1.0}
     config.reward.kwargs = {"unifiedscore": {"base_url": "http://127.0.0.1:30000/v1"}}
     config.reward.per_step = "broadcast"
+    config.eval.pass_at_k = 0  # cam_score has no "fully right": pass@k would only measure reaching 1.0
     return config
 
 

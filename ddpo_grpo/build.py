@@ -11,9 +11,9 @@ import torch
 
 from .data import KRepeatSampler, build_dataset
 from .errors import ConfigError
-
-STD_MODES = ("group", "global", "none", "running")
-PER_STEP = ("none", "broadcast", "x0", "x0_gain")
+from .forward_loss import OBJECTIVES
+from .rewards.combine import PER_STEP_MODES
+from .stat_tracking import STD_MODES
 
 
 @dataclass
@@ -97,14 +97,23 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"train.lr_warmup_steps={t.lr_warmup_steps} must be >= 0")
     if int(t.timesteps_per_call) < 0:
         raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1, or 0 for auto")
+    if t.objective not in OBJECTIVES:
+        raise ConfigError(f"train.objective={t.objective!r}; choose one of {OBJECTIVES}")
+    if t.objective != "grpo" and (t.beta > 0 or t.sup_weight > 0):
+        raise ConfigError(f"train.objective={t.objective!r} trains on the sampled images alone: set train.beta=0 "
+                          "and train.sup_weight=0 (the KL and the supervised term belong to the 'grpo' objective)")
+    if t.objective == "nft" and t.nft_adv_scale <= 0:
+        raise ConfigError(f"train.nft_adv_scale={t.nft_adv_scale} must be > 0")
+    if config.eval.pass_at_k < 0:
+        raise ConfigError(f"eval.pass_at_k={config.eval.pass_at_k} must be >= 0 (0 = off)")
     if config.tracker.std_mode not in STD_MODES:
         raise ConfigError(f"tracker.std_mode={config.tracker.std_mode!r}; choose one of {STD_MODES}")
     if config.eval.split not in ("eval", "train"):
         raise ConfigError(f"eval.split={config.eval.split!r}; choose 'eval' (held-out) or 'train'")
     if config.data.num_conditions < 0:
         raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
-    if config.reward.per_step not in PER_STEP:
-        raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP}")
+    if config.reward.per_step not in PER_STEP_MODES:
+        raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP_MODES}")
     if config.mixed_precision not in ("no", "fp16", "bf16"):
         raise ConfigError(f"mixed_precision={config.mixed_precision!r}; choose 'no', 'fp16' or 'bf16'")
     names = available_rewards()

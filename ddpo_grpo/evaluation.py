@@ -19,28 +19,21 @@ def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
-    """Returns (metrics prefixed eval/, this process's images (n, C, H, W), captions). Every process
-    evaluates its shard; scores are gathered so all processes return the same metrics."""
+def _sample_and_score(ctx, positions, seeds, deterministic: bool):
+    """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
+    {name: (n,)}, images (n, C, H, W), captions). Batches of eval.batch_size."""
     config, acc = ctx.config, ctx.accelerator
-    unet = ctx.unet
-    unet.eval()
     settings = sampler_settings(config, ctx.pipe.family)
-    pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
-    per_proc = len(pos) // acc.num_processes
-    mine = pos[acc.process_index * per_proc:(acc.process_index + 1) * per_proc]
     scores, details, images, captions = [], {}, [], []
-    for lo in range(0, len(mine), config.eval.batch_size):
-        chunk = mine[lo:lo + config.eval.batch_size]
-        items = [ctx.eval_data[int(p)] for p in chunk]
+    for lo in range(0, len(positions), config.eval.batch_size):
+        items = [ctx.eval_data[int(p)] for p in positions[lo:lo + config.eval.batch_size]]
         prompts = [it["prompt"] for it in items]
-        gens = [torch.Generator().manual_seed(config.eval.seed * 100003 + int(acc.process_index * per_proc + lo + j))
-                for j in range(len(items))]
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds[lo:lo + len(items)]]
         neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
         with acc.autocast():
-            traj = pipeline_with_logprob(unet, ctx.pipe.scheduler, settings, ctx.encode(prompts), neg,
+            traj = pipeline_with_logprob(ctx.unet, ctx.pipe.scheduler, settings, ctx.encode(prompts), neg,
                                          num_inference_steps=config.sample.num_steps, sample_shape=ctx.pipe.sample_shape,
-                                         generator=gens, vae=ctx.pipe.vae, deterministic=True,
+                                         generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,
                                          cond_channels=stack_items(items, acc.device))
         metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
         res = ctx.rewards(traj.images.cpu(), prompts, metadata)
@@ -49,9 +42,54 @@ def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
             details.setdefault(k, []).append(v)
         images.append(traj.images.cpu())
         captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
-    gather = lambda a: acc.gather(torch.as_tensor(np.concatenate(a), device=acc.device)).cpu().numpy()  # noqa: E731
+    return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions)
+
+
+def passed(scores: np.ndarray, details: Dict[str, np.ndarray]) -> np.ndarray:
+    """(n,) bool: a sample is right when its `*strict_accuracy` detail is 1 (toy world), else when its reward
+    is at least 1 (a reward that has no notion of fully right never passes below its maximum)."""
+    key = next((k for k in details if k.endswith("strict_accuracy")), None)
+    return details[key] >= 1.0 if key is not None else scores >= 1.0
+
+
+def pass_at_k(conditions: np.ndarray, ok: np.ndarray, k: int) -> float:
+    """Share of conditions with at least one right sample among their k samples. conditions (n,), ok (n,) bool;
+    conditions with other than k samples (a shard remainder) are left out."""
+    uniq, counts = np.unique(conditions, return_counts=True)
+    full = uniq[counts == k]
+    return float(np.mean([ok[conditions == c].any() for c in full])) if len(full) else float("nan")
+
+
+@torch.no_grad()
+def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
+    """Returns (metrics prefixed eval/, this process's deterministic images (n, C, H, W), captions). Every process
+    evaluates its shard; scores are gathered so all processes return the same metrics.
+
+    Deterministic (DDIM eta=0 / ODE): eval.num_samples samples cycling through the eval conditions. With
+    eval.pass_at_k = k > 0 also k stochastic samples (the training sampler) of each eval condition: eval/pass_at_k
+    (share of conditions with a right sample) and eval/pass_at_1_stochastic (share of right samples), the head-room
+    that RL should turn into deterministic accuracy."""
+    config, acc = ctx.config, ctx.accelerator
+    ctx.unet.eval()
+    gather = lambda a: acc.gather(torch.as_tensor(a, device=acc.device)).cpu().numpy()  # noqa: E731
+    pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
+    per_proc = len(pos) // acc.num_processes
+    lo = acc.process_index * per_proc
+    seeds = config.eval.seed * 100003 + np.arange(lo, lo + per_proc)
+    scores, details, images, captions = _sample_and_score(ctx, pos[lo:lo + per_proc], seeds, deterministic=True)
     all_scores = gather(scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}
     for k, v in details.items():
         metrics[f"eval/{k}"] = float(np.nanmean(gather(v)))
-    return metrics, torch.cat(images), captions
+    k = int(config.eval.pass_at_k)
+    if k > 0:
+        cond = np.repeat(np.unique(pos), k)  # the conditions the deterministic eval covers
+        per_proc = len(cond) // acc.num_processes
+        lo = acc.process_index * per_proc
+        seeds = config.eval.seed * 100003 + 10**9 + np.arange(lo, lo + per_proc)
+        s, d, _, _ = _sample_and_score(ctx, cond[lo:lo + per_proc], seeds, deterministic=False)
+        ok = gather(passed(s, d).astype(np.float32)) > 0.5
+        mine = gather(cond[lo:lo + per_proc])
+        metrics[f"eval/pass_at_{k}"] = pass_at_k(mine, ok, k)
+        metrics["eval/pass_at_1_stochastic"] = float(ok.mean())
+    return metrics, images, captions

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
+from .forward_loss import noised_and_target
 
 
 def sup_weight(config, epoch: int) -> float:
@@ -46,14 +47,7 @@ class SupervisedLoss:
         with torch.no_grad():
             emb = encode_prompts(self.pipe.text_encoder, self.pipe.tokenizer, prompts)
         noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(int(self.rng.integers(2**62)))).to(device)
-        sched = self.pipe.scheduler
-        if self.pipe.family == "flow":
-            s = torch.rand(x0.shape[0], device=device)
-            xt = (1 - s.view(-1, 1, 1, 1)) * x0 + s.view(-1, 1, 1, 1) * noise
-            target, t = noise - x0, s * sched.config.num_train_timesteps
-        else:
-            t = torch.randint(0, sched.config.num_train_timesteps, (x0.shape[0],), device=device)
-            xt = sched.add_noise(x0, noise, t)
-            target = sched.get_velocity(x0, noise, t) if sched.config.prediction_type == "v_prediction" else noise
+        u = torch.rand(x0.shape[0], device=device)
+        xt, t, target = noised_and_target(self.pipe.scheduler, self.pipe.family, x0, noise, u)
         raw = F.mse_loss(unet(xt, t, encoder_hidden_states=emb).sample.float(), target.float())
         return w * raw, float(raw)

@@ -88,9 +88,30 @@ def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, pe
     return calls, calls_per_microbatch
 
 
+def optimizer_step(ctx, params: List[torch.nn.Parameter], logs: Dict[str, List[float]]) -> None:
+    """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
+    reference, zero the gradients. Shared by every objective."""
+    grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
+    if torch.isfinite(torch.as_tensor(grad_norm)):
+        ctx.optimizer.step()
+        ctx.lr_scheduler.step()
+        ctx.state.global_step += 1
+        if ctx.reference is not None:
+            ctx.reference.step()
+    else:
+        logs["skipped_steps"].append(1.0)
+    ctx.optimizer.zero_grad(set_to_none=True)
+    logs["grad_norm"].append(float(grad_norm))
+
+
 def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
-    """Run num_inner_epochs passes of the GRPO update. Returns averaged metrics for logging."""
+    """Run num_inner_epochs passes of the update: the clipped-ratio GRPO loss, or for `train.objective` "raft" /
+    "nft" the forward-process objectives (training_forward.py). Returns averaged metrics for logging."""
     config, acc = ctx.config, ctx.accelerator
+    if config.train.objective != "grpo":
+        from .training_forward import train_epoch_forward
+
+        return train_epoch_forward(ctx, samples, adv, epoch)
     settings = sampler_settings(config, ctx.pipe.family)
     if not config.train.cfg:
         settings.guidance_scale = 1.0
@@ -125,17 +146,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                 if inner == 0 and start == 0 and "_ratio_dev" in m:
                     # No optimizer step has happened yet in this epoch: the policy is the sampling policy.
                     logs["onpolicy_ratio_max_dev"].append(m["_ratio_dev"])
-            grad_norm = acc.clip_grad_norm_(params, config.train.max_grad_norm)
-            if torch.isfinite(torch.as_tensor(grad_norm)):
-                ctx.optimizer.step()
-                ctx.lr_scheduler.step()
-                ctx.state.global_step += 1
-                if ctx.reference is not None:
-                    ctx.reference.step()
-            else:
-                logs["skipped_steps"].append(1.0)
-            ctx.optimizer.zero_grad(set_to_none=True)
-            logs["grad_norm"].append(float(grad_norm))
+            optimizer_step(ctx, params, logs)
     counts = ("skipped_steps", "nonfinite_loss")
     out = {k: float(np.mean(v)) for k, v in logs.items() if k not in counts and not k.startswith("_")}
     if "onpolicy_ratio_max_dev" in logs:

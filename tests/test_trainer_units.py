@@ -128,6 +128,10 @@ def _config(name="tiny"):
     (lambda c: setattr(c.reward, "per_step", "x1"), "reward.per_step"),
     (lambda c: setattr(c.eval, "split", "test"), "eval.split='test'"),
     (lambda c: setattr(c.data, "num_conditions", -1), "data.num_conditions=-1"),
+    (lambda c: setattr(c.train, "objective", "dpo"), "train.objective='dpo'"),
+    (lambda c: (setattr(c.train, "objective", "raft"), setattr(c.train, "beta", 0.01)), "set train.beta=0"),
+    (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_adv_scale", 0.0)), "nft_adv_scale=0.0"),
+    (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.build import validate_config
