@@ -50,6 +50,21 @@ def tiny_per_step():
     return config
 
 
+def tiny_raft():
+    """tiny's sampler, rewards and advantages, trained by best-of-N supervision (RAFT): the plain denoising loss on
+    each group's best sample. The baseline a policy-gradient recipe has to beat (docs/efficacy.md)."""
+    config = tiny()
+    config.train.objective = "raft"
+    return config
+
+
+def tiny_nft():
+    """tiny trained by DiffusionNFT's forward-process objective: advantage-weighted denoising on every sample."""
+    config = tiny()
+    config.train.objective = "nft"
+    return config
+
+
 def tiny_kl():
     """tiny with a KL to an EMA-mixed reference (TR-DPO-style sync)."""
     config = tiny()
@@ -163,7 +178,7 @@ def recam_tiny():
 
 def get_config(name: str = "tiny"):
     configs = {
-        f.__name__: f for f in (tiny, ddpo, tiny_per_step, tiny_kl, compressibility, incompressibility,
+        f.__name__: f for f in (tiny, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
                                  aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny)
     }
     if name not in configs:

@@ -94,7 +94,7 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
                         logs["nonfinite_loss"].append(1.0)
                         loss = sum(p.reshape(-1)[0] * 0.0 for p in params)
                     acc.backward(loss / len(chunk))
-                logs["loss"].append(float(loss))
+                logs["loss"].append(loss.item())
             optimizer_step(ctx, params, logs)
     out = {k: float(np.mean(v)) for k, v in logs.items() if k not in ("skipped_steps", "nonfinite_loss")}
     for k in ("skipped_steps", "nonfinite_loss"):

@@ -196,7 +196,7 @@ def run_efficacy(args, overrides: List[str], workdir: str) -> Dict:
         pre = pretrained_eval(config, overrides, workdir, malloc, args.threads, args.run_timeout)
         say(f"efficacy: training {label} for {args.efficacy_epochs} epochs with eval every epoch ...")
         run = measure_trainer(config, None, None, args.efficacy_epochs, malloc, None, overrides, workdir,
-                              name=f"efficacy_{label}", eval_freq=1, threads=args.threads,
+                              name=f"efficacy_{label}", eval_freq=args.efficacy_eval_freq, threads=args.threads,
                               timeout=args.run_timeout * 4)
         entry = {"config": config, "peak_rss_mb": run.get("peak_rss_mb"), "process_wall_s": run.get("process_wall_s")}
         if "error" in pre:
@@ -356,7 +356,10 @@ def main(argv=None) -> Dict:
     ap.add_argument("--set", action="append", default=[], nargs="+", metavar="KEY=VALUE",
                     help="config override passed to every subprocess as --config.KEY=VALUE (repeatable)")
     ap.add_argument("--efficacy", action="store_true", help="also run the GRPO vs DDPO learning-efficacy comparison")
-    ap.add_argument("--efficacy-configs", default="config/grpo.py:tiny,config/grpo.py:ddpo")
+    ap.add_argument("--efficacy-configs", default="config/grpo.py:tiny,config/grpo.py:ddpo,config/grpo.py:tiny_raft,"
+                    "config/grpo.py:tiny_nft,config/grpo.py:tiny_per_step",
+                    help="GRPO, DDPO's recipe, best-of-N supervision (RAFT), DiffusionNFT, per-step rewards")
+    ap.add_argument("--efficacy-eval-freq", type=int, default=1, help="epochs between evals on the efficacy curves")
     ap.add_argument("--efficacy-epochs", type=int, default=10)
     ap.add_argument("--metric", default="eval/toyworld/strict_accuracy", help="eval metric of the efficacy curves")
     ap.add_argument("--target", type=float, default=None,
