@@ -54,8 +54,11 @@ def run(config):
               f" = {num_processes * config.sample.batch_size * config.sample.num_batches_per_epoch} samples/epoch, "
               f"k={config.sample.k}, model family {family}; dry run, stopping before loading models")
         return
+    # After the dry run (which checks a launch meant for other machines): more GPU/NPU processes than devices
+    # here would die inside NCCL/HCCL with an opaque trace; one line instead.
+    devices.check_process_count(device, devices.local_process_count(), devices.visible_accelerators(device))
     trackers = [t for t, on in (("wandb", config.logging.wandb), ("tensorboard", config.logging.tensorboard)) if on]
-    # cpu=True on a machine without GPU/NPU is what makes accelerate form a gloo group across CPU processes.
+    # cpu=True (no GPU/NPU, or ACCELERATE_USE_CPU) is what makes accelerate form a gloo group across CPU processes.
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision, log_with=trackers or None,
                               project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32

@@ -1,4 +1,8 @@
-"""Small models for tests: built in memory, random weights, seeded."""
+"""Small models for tests (built in memory, random weights, seeded) and the launch line of multi-process runs."""
+import os
+import sys
+from typing import List
+
 import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
 
@@ -19,3 +23,22 @@ def ddim_scheduler(prediction_type: str = "v_prediction") -> DDIMScheduler:
 
 def flow_scheduler() -> FlowMatchEulerDiscreteScheduler:
     return FlowMatchEulerDiscreteScheduler(shift=3.0)
+
+
+def cpu_env(**extra) -> dict:
+    """Environment for a trainer subprocess pinned to CPU (+ gloo when several processes), whatever the machine
+    has: multi-process tests check the logic, not the device, and N ranks on one GPU would stop inside NCCL.
+    ACCELERATE_USE_CPU makes the trainer ask accelerate for CPU; an empty CUDA_VISIBLE_DEVICES hides GPUs from
+    everything else in the child (torch, accelerate launch itself)."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
+                CUDA_VISIBLE_DEVICES="", **extra)
+
+
+def launch_cmd(nproc: int, port_base: int) -> List[str]:
+    """`accelerate launch` for nproc CPU processes, up to the script name. accelerate's own --cpu flag would start
+    a single process, so several go through --multi_gpu (torchrun) with cpu_env()'s ACCELERATE_USE_CPU."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if nproc > 1:
+        cmd += ["--multi_gpu", "--main_process_port", str(port_base + os.getpid() % 1000)]
+    return cmd

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import numpy as np
+from helpers import cpu_env, launch_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
+ENV = cpu_env()
 
 
 def test_recam_geometry_dry_run_for_8_processes():
@@ -24,9 +25,7 @@ def test_recam_geometry_dry_run_for_8_processes():
 
 
 def test_recam_tiny_two_processes_reproduces_the_seed_report_checks(tmp_path):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(29700 + os.getpid() % 1000), "scripts/train.py",
+    cmd = [*launch_cmd(2, 29700), "scripts/train.py",
            "--config", "config/grpo.py:recam_tiny", "--config.num_epochs=1", f"--config.logdir={tmp_path}",
            "--config.run_name=r", "--config.sample.batch_size=2", "--config.sample.num_batches_per_epoch=4",
            "--config.train.batch_size=2", "--config.sample.k=4", "--config.sample.num_steps=4", "--config.eval_freq=0",

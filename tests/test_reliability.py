@@ -10,6 +10,7 @@ import pytest
 
 from ddpo_grpo.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
 from ddpo_grpo.errors import ConfigError
+from helpers import cpu_env, launch_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
@@ -53,16 +54,11 @@ def plugin_path(tmp_path_factory):
 def train(tmp, plugin_path, mode, nproc=1, epochs=1):
     # One process runs the script directly, so its own exit code (2 for a clear error) is what we see;
     # accelerate launch reports any child failure as 1.
-    cmd = [sys.executable]
-    if nproc > 1:
-        cmd += ["-m", "accelerate.commands.launch", "--num_processes", str(nproc), "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu",
-                "--main_process_port", str(29600 + os.getpid() % 1000)]
+    cmd = launch_cmd(nproc, 29600) if nproc > 1 else [sys.executable]
     cmd += ["scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}",
             f"--config.logdir={tmp}", "--config.run_name=r", "--config.reward.fns={'flaky': 1.0}",
             f"--config.reward.kwargs={{'flaky': {{'mode': '{mode}'}}}}", *SMALL]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1",
-               PYTHONPATH=plugin_path + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = cpu_env(PYTHONPATH=plugin_path + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

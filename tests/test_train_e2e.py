@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+from helpers import cpu_env, launch_cmd
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,15 +18,10 @@ SMALL = ["--config.sample.num_steps=4", "--config.sample.batch_size=4", "--confi
 
 
 def launch(tmp, name, epochs, nproc=1, extra=(), wait=True):
-    # --multi_gpu starts nproc processes (torchrun); without a GPU the trainer asks accelerate for CPU + gloo.
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    if nproc > 1:
-        cmd += ["--multi_gpu", "--main_process_port", str(29500 + os.getpid() % 1000)]
-    cmd += ["scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}",
+    # CPU (+ gloo for 2 processes) on any machine: these runs check the logic and exact resume, not the device.
+    cmd = [*launch_cmd(nproc, 29500), "scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}",
             f"--config.logdir={tmp}", f"--config.run_name={name}", *SMALL, *extra]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     if not wait:
         return proc
