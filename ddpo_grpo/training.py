@@ -20,7 +20,7 @@ from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 
 
-def _zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
+def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
     """A zero with a graph to every parameter: keeps DDP's reducer in step when a call has nothing to train."""
     return sum(p.reshape(-1)[0] * 0.0 for p in params)
 
@@ -108,7 +108,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     """Run num_inner_epochs passes of the update: the clipped-ratio GRPO loss, or for `train.objective` "raft" /
     "nft" the forward-process objectives (training_forward.py). Returns averaged metrics for logging."""
     config, acc = ctx.config, ctx.accelerator
-    if config.train.objective != "grpo":
+    if config.train.get("objective", "grpo") != "grpo":  # hand-built configs without the field train GRPO
         from .training_forward import train_epoch_forward
 
         return train_epoch_forward(ctx, samples, adv, epoch)
@@ -198,7 +198,7 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         # exp(logp - logp_old) of every kept row: before the first optimizer step these must all be 1.
         metrics["_ratio_dev"] = float((res.log_prob[keep].detach() - old[keep]).abs().max().exp() - 1)
     else:
-        loss = _zero_loss(params)
+        loss = zero_loss(params)
     if ctx.supervised is not None:
         sup = ctx.supervised.loss(ctx.unet, ctx.state.epoch)
         if sup is not None:
@@ -206,5 +206,5 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
             metrics["loss_sup"] = float(sup[1])
     if not torch.isfinite(loss):
         metrics = {"nonfinite_loss": 1.0}
-        loss = _zero_loss(params)
+        loss = zero_loss(params)
     return loss, metrics

@@ -21,7 +21,7 @@ from .diffusers_patch.policy_step import denoiser_output
 from .errors import ConfigError
 from .forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
 from .sampling import EpochSamples
-from .training import optimizer_step, trainable_columns
+from .training import zero_loss, optimizer_step, trainable_columns
 
 
 def final_x0(samples: EpochSamples, pipe, num_steps: int) -> torch.Tensor:
@@ -92,7 +92,7 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
                         loss = nft_loss(pred, old[j].to(device), target, r[i].to(device), config.train.nft_beta, w)
                     if not torch.isfinite(loss):
                         logs["nonfinite_loss"].append(1.0)
-                        loss = sum(p.reshape(-1)[0] * 0.0 for p in params)
+                        loss = zero_loss(params)
                     acc.backward(loss / len(chunk))
                 logs["loss"].append(loss.item())
             optimizer_step(ctx, params, logs)
