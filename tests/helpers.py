@@ -42,3 +42,14 @@ def launch_cmd(nproc: int, port_base: int) -> List[str]:
     if nproc > 1:
         cmd += ["--multi_gpu", "--main_process_port", str(port_base + os.getpid() % 1000)]
     return cmd
+
+
+def reward_plugin(folder, name: str, source: str) -> str:
+    """Write a reward plugin found through the `ddpo_grpo.rewards` entry-point group and installed nowhere: module
+    `<name>_reward.py` (source, with a factory `make`) plus its dist-info. Returns the folder for PYTHONPATH."""
+    (folder / f"{name}_reward.py").write_text(source)
+    info = folder / f"{name}_reward-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-reward\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[ddpo_grpo.rewards]\n{name} = {name}_reward:make\n")
+    return str(folder)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ddpo_grpo.stat_tracking import ZERO_SPREAD_EPS, column_std, zero_spread
+from helpers import reward_plugin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = '''
@@ -28,13 +29,7 @@ def make():
 
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("plugin")
-    (d / "tie_noise_reward.py").write_text(PLUGIN)
-    info = d / "tie_noise_reward-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tie-noise-reward\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[ddpo_grpo.rewards]\ntie_noise = tie_noise_reward:make\n")
-    return str(d)
+    return reward_plugin(tmp_path_factory.mktemp("plugin"), "tie_noise", PLUGIN)
 
 
 @pytest.mark.parametrize("mode", ["broadcast", "x0", "x0_gain"])

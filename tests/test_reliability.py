@@ -10,7 +10,7 @@ import pytest
 
 from ddpo_grpo.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
 from ddpo_grpo.errors import ConfigError
-from helpers import cpu_env, launch_cmd
+from helpers import cpu_env, launch_cmd, reward_plugin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
@@ -42,13 +42,7 @@ def make(mode="nan"):
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory):
     """A reward plugin package found through the `ddpo_grpo.rewards` entry-point group, installed nowhere."""
-    d = tmp_path_factory.mktemp("plugin")
-    (d / "flaky_reward.py").write_text(PLUGIN)
-    info = d / "flaky_reward-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flaky-reward\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[ddpo_grpo.rewards]\nflaky = flaky_reward:make\n")
-    return str(d)
+    return reward_plugin(tmp_path_factory.mktemp("plugin"), "flaky", PLUGIN)
 
 
 def train(tmp, plugin_path, mode, nproc=1, epochs=1):
