@@ -25,11 +25,21 @@ def get_config() -> ml_collections.ConfigDict:
     config.resume_from = ""  # a checkpoint folder, or a run folder (its newest complete checkpoint)
     config.use_lora = False  # train LoRA adapters (peft) instead of the full denoiser
     config.lora_rank = 8
+    # Denoiser speed switches (scripts/bench_gpu.py measures each; none changes the math beyond rounding):
+    config.unet_attention = "sdpa"  # "sdpa" (torch's fused scaled_dot_product_attention) | "math" (plain matmuls)
+    config.channels_last = False  # NHWC memory format for the UNet's convolutions (tensor cores prefer it)
+    config.gradient_checkpointing = False  # recompute UNet activations in backward: less memory, more time
+    # torch.compile of the UNet: "" = off, "default", "reduce-overhead" (CUDA graphs: for launch-bound small
+    # models), "max-autotune". The first epoch pays the compile time.
+    config.compile_unet = ""
     config.dry_run = False  # validate the config and batch geometry, print it, exit before loading models
 
     ###### Pretrained model ######
     config.pretrained = ml_collections.ConfigDict()
-    config.pretrained.model = "tiny-t2i"  # a bundled model name or a local diffusers-format folder
+    config.pretrained.model = "tiny-t2i"  # a bundled model name, a built one ("sd15-random") or a local folder
+    # Image size in pixels of a model built from configs ("sd15-random": 512 native, a multiple of 64); 0 = its
+    # native size. Loaded checkpoints have their own size and refuse it.
+    config.pretrained.resolution = 0
 
     ###### Conditions ######
     config.data = ml_collections.ConfigDict()

@@ -179,10 +179,40 @@ def recam_tiny():
     return config
 
 
+def sd15_random_bench():
+    """Speed and memory at Stable Diffusion 1.5's scale without a download: the SD 1.5-shaped pipeline with random
+    weights (`sd15-random`: 860 M-parameter UNet, SD's text encoder and VAE, DDIM), 512x512 images, DDPO's SD
+    recipe (LoRA rank 8, guidance 5, eta 1, clip 1e-4) and the cheap JPEG reward. bf16 autocast for a GPU (the
+    log-prob math stays fp32); on CPU give --config.mixed_precision=no --config.pretrained.resolution=64.
+    What it learns means nothing; scripts/bench_gpu.py times it."""
+    config = base.get_config()
+    config.pretrained.model = "sd15-random"
+    config.pretrained.resolution = 512
+    config.mixed_precision = "bf16"
+    config.use_lora = True
+    config.lora_rank = 8
+    config.num_epochs = 3  # the first is a warm-up
+    config.save_freq = 0
+    config.eval_freq = 0
+    config.sample.num_steps = 20
+    config.sample.eta = 1.0
+    config.sample.guidance_scale = 5.0
+    config.sample.batch_size = 8
+    config.sample.num_batches_per_epoch = 2
+    config.sample.k = 4
+    config.train.batch_size = 8
+    config.train.learning_rate = 3e-4
+    config.train.clip_range = 1e-4
+    config.train.min_step_std = 0.0  # every step trained, as DDPO does with SD
+    config.reward.fns = {"jpeg_compressibility": 1.0}
+    config.logging.num_images = 4
+    return config
+
+
 def get_config(name: str = "tiny"):
     configs = {
         f.__name__: f for f in (tiny, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
-                                 aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny)
+                                 aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny, sd15_random_bench)
     }
     if name not in configs:
         raise ValueError(f"unknown config name {name!r}; choose one of: {', '.join(sorted(configs))}")

@@ -69,16 +69,17 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
     import torch
 
     from .build import make_trainable
-    from .models import load_pipeline
+    from .models import apply_unet_options, load_pipeline
     from .training import training_calls
 
     from .devices import apply_cpu_settings
 
     apply_cpu_settings(config)  # as the trainer does on CPU
     rss_runtime = proc_status_mb("VmRSS")
-    pipe = load_pipeline(config.pretrained.model)
+    pipe = load_pipeline(config.pretrained.model, resolution=config.pretrained.resolution)
     unet = pipe.unet
     opt = make_trainable(unet, config)
+    apply_unet_options(unet, config)  # the trainer's speed switches, so that floor and trainer run the same calls
     params = [p for p in unet.parameters() if p.requires_grad]
     t = config.train
     rss_loaded = proc_status_mb("VmRSS")

@@ -59,8 +59,10 @@ def model_family(config) -> str:
     """The family from the model's scheduler config, read without loading weights."""
     import json
 
-    from .models import ModelPathError, resolve_model_path
+    from .models import BUILT, ModelPathError, resolve_model_path
 
+    if config.pretrained.model in BUILT:
+        return BUILT[config.pretrained.model]
     try:
         path = resolve_model_path(config.pretrained.model)
     except ModelPathError as e:
@@ -70,12 +72,30 @@ def model_family(config) -> str:
     return "flow" if cls == "FlowMatchEulerDiscreteScheduler" else "ddim"
 
 
+def check_resolution(config) -> None:
+    """pretrained.resolution sizes models built from configs (sd15-random); a loaded checkpoint has its own size."""
+    from .models import BUILT
+
+    res, model = int(config.pretrained.resolution), config.pretrained.model
+    if model not in BUILT:
+        if res:
+            raise ConfigError(f"pretrained.resolution={res} applies to built models ({', '.join(sorted(BUILT))}) "
+                              f"only; {model!r} has its own size: leave it at 0")
+        return
+    from .models.sd15_random import check_resolution as why_not
+
+    why = why_not(res) if res else ""
+    if why:
+        raise ConfigError(f"pretrained.resolution: {why}")
+
+
 def validate_config(config, num_processes: int) -> str:
     """Raise ConfigError with one clear line for anything that cannot work. Returns the model family."""
     from .rewards import available_rewards
 
     s, t = config.sample, config.train
     family = model_family(config)
+    check_resolution(config)
     if family == "ddim" and s.eta <= 0:
         raise ConfigError(f"sample.eta={s.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
                           "use eta > 0 for training (evaluation uses eta=0 by itself)")
@@ -114,6 +134,12 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
     if config.reward.per_step not in PER_STEP_MODES:
         raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP_MODES}")
+    from .models import COMPILE_MODES, UNET_ATTENTION
+
+    if config.unet_attention not in UNET_ATTENTION:
+        raise ConfigError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
+    if config.compile_unet not in COMPILE_MODES:
+        raise ConfigError(f"compile_unet={config.compile_unet!r}; choose one of {COMPILE_MODES} ('' = off)")
     if config.mixed_precision not in ("no", "fp16", "bf16"):
         raise ConfigError(f"mixed_precision={config.mixed_precision!r}; choose 'no', 'fp16' or 'bf16'")
     names = available_rewards()
@@ -144,15 +170,16 @@ def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
 
 def build_context(config, accelerator, run_dir: str) -> RunContext:
     """Load the model and build optimizer, tracker, reference, rewards and sampler."""
-    from .models import load_pipeline
+    from .models import apply_unet_options, load_pipeline
     from .reference import EMAReference
     from .rewards import RewardComputer
     from .stat_tracking import PerPromptStatTracker
     from .supervised import SupervisedLoss
 
-    pipe = load_pipeline(config.pretrained.model, device=accelerator.device)
+    pipe = load_pipeline(config.pretrained.model, device=accelerator.device, resolution=config.pretrained.resolution)
     unet = pipe.unet
     optimizer = make_trainable(unet, config)
+    apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
     t = config.train
     # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and
     # on a noisy policy gradient they knock the pretrained model down before the signal averages in.

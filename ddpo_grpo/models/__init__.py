@@ -15,6 +15,8 @@ BUNDLED = {
     "tiny-flow": "tiny-flow",
     "tiny-recam": "tiny-recam",
 }
+# Models built from configs in memory (random weights, nothing read from disk): name -> family.
+BUILT = {"sd15-random": "ddim"}
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 
 
@@ -52,7 +54,7 @@ def resolve_model_path(path_or_name: str) -> str:
     if not os.path.isdir(path):
         raise ModelPathError(
             f"model path {path_or_name!r} is not a folder; give a local diffusers-format folder "
-            f"or one of the bundled models {sorted(BUNDLED)} (no downloads are made)"
+            f"or one of the bundled models {sorted(BUNDLED)} or built ones {sorted(BUILT)} (no downloads are made)"
         )
     if not os.path.isdir(os.path.join(path, "unet")) or not os.path.isdir(os.path.join(path, "scheduler")):
         raise ModelPathError(
@@ -62,12 +64,18 @@ def resolve_model_path(path_or_name: str) -> str:
     return path
 
 
-def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedPipeline:
-    """Load unet, text encoder, tokenizer, scheduler and optional VAE from a local folder, never the hub.
+def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu",
+                  resolution: int = 0) -> LoadedPipeline:
+    """Load unet, text encoder, tokenizer, scheduler and optional VAE from a local folder, never the hub; or build
+    a BUILT model ("sd15-random") at `resolution` pixels (0: its native size).
 
     The scheduler class decides the family: FlowMatchEulerDiscreteScheduler -> "flow", anything else is
     loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion checkpoints.
     """
+    if path_or_name in BUILT:
+        from .sd15_random import NATIVE_RESOLUTION, build_sd15_random
+
+        return build_sd15_random(resolution or NATIVE_RESOLUTION, torch_dtype=torch_dtype, device=device)
     path = resolve_model_path(path_or_name)
     kw = dict(local_files_only=True)
     sched_cfg = FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler", **kw)
@@ -87,3 +95,29 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
             m.requires_grad_(False)
             m.eval()
     return LoadedPipeline(unet, text_encoder, tokenizer, scheduler, vae, family, path)
+
+
+UNET_ATTENTION = ("sdpa", "math")
+COMPILE_MODES = ("", "default", "reduce-overhead", "max-autotune")
+
+
+def apply_unet_options(unet: torch.nn.Module, config) -> torch.nn.Module:
+    """The config's speed switches on the denoiser, in place: attention kernel, channels_last, gradient
+    checkpointing, torch.compile (nn.Module.compile keeps the module and its state_dict keys, so checkpoints
+    and LoRA adapters are unaffected). Call after adapters are added. Returns the same module."""
+    from diffusers.models.attention_processor import AttnProcessor
+
+    if config.unet_attention not in UNET_ATTENTION:
+        raise ValueError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
+    if config.compile_unet not in COMPILE_MODES:
+        raise ValueError(f"compile_unet={config.compile_unet!r}; choose one of {COMPILE_MODES}")
+    # "sdpa" keeps the model's own processors (diffusers picks SDPA on torch 2), so existing runs are unchanged.
+    if config.unet_attention == "math" and unet.attn_processors:
+        unet.set_attn_processor(AttnProcessor())
+    if config.channels_last:
+        unet.to(memory_format=torch.channels_last)
+    if config.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    if config.compile_unet:
+        unet.compile(mode=config.compile_unet)
+    return unet

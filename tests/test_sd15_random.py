@@ -1,0 +1,81 @@
+"""The SD 1.5-shaped random-weight pipeline (`sd15-random`): its sizes, and one CPU epoch of the trainer on it at
+64x64 (LoRA: full fine-tuning of 860 M parameters with Adam would need ~14 GB here)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddpo_grpo.build import validate_config
+from ddpo_grpo.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_config(**pretrained):
+    sys.path.insert(0, os.path.join(ROOT, "config"))
+    import grpo
+
+    c = grpo.get_config("sd15_random_bench")
+    for k, v in pretrained.items():
+        setattr(c.pretrained, k, v)
+    return c
+
+
+def test_sd15_random_has_sd15_sizes_and_shapes():
+    from ddpo_grpo.models import load_pipeline
+
+    pipe = load_pipeline("sd15-random", resolution=64)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert 850e6 < count(pipe.unet) < 870e6  # SD 1.5's UNet: 859.52 M
+    assert 120e6 < count(pipe.text_encoder) < 126e6  # CLIP ViT-L/14 text tower: 123.06 M
+    assert 80e6 < count(pipe.vae) < 87e6  # SD's VAE: 83.65 M
+    assert pipe.family == "ddim" and pipe.sample_shape == (4, 8, 8)
+    assert pipe.tokenizer.model_max_length == 77 and pipe.vae.config.scaling_factor == 0.18215
+    s = pipe.scheduler.config
+    assert (s.beta_start, s.beta_end, s.beta_schedule, s.prediction_type) == (0.00085, 0.012, "scaled_linear", "epsilon")
+    with torch.no_grad():
+        ids = pipe.tokenizer(["a red circle"], padding="max_length", max_length=77, return_tensors="pt").input_ids
+        emb = pipe.text_encoder(ids)[0]
+        assert emb.shape == (1, 77, 768)
+        eps = pipe.unet(torch.randn(1, 4, 8, 8), torch.tensor([500]), encoder_hidden_states=emb).sample
+        assert eps.shape == (1, 4, 8, 8) and torch.isfinite(eps).all()
+        assert pipe.vae.decode(eps).sample.shape == (1, 3, 64, 64)
+    # seeded: the same weights every time (every process builds its own copy)
+    again = load_pipeline("sd15-random", resolution=64)
+    assert torch.equal(again.unet.conv_in.weight, pipe.unet.conv_in.weight)
+
+
+@pytest.mark.parametrize("model, res, match", [
+    ("sd15-random", 100, "pretrained.resolution: resolution 100 must be a positive multiple of 64"),
+    ("tiny-t2i", 64, "pretrained.resolution=64 applies to built models"),
+])
+def test_bad_resolution_is_one_line(model, res, match):
+    c = bench_config(model=model, resolution=res)
+    if model != "sd15-random":
+        c.reward.fns = {"toyworld": 1.0}
+    with pytest.raises(ConfigError, match=match):
+        validate_config(c, num_processes=1)
+
+
+def test_sd15_random_bench_config_validates_at_512():
+    c = bench_config()
+    assert c.pretrained.resolution == 512 and c.mixed_precision == "bf16" and c.use_lora and c.lora_rank == 8
+    assert validate_config(c, num_processes=1) == "ddim"
+
+
+def test_one_cpu_epoch_on_sd15_random_at_64px(tmp_path):
+    cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd15_random_bench",
+           "--config.mixed_precision=no", "--config.pretrained.resolution=64", "--config.sample.num_steps=2",
+           "--config.sample.batch_size=1", "--config.sample.num_batches_per_epoch=2", "--config.sample.k=2",
+           "--config.train.batch_size=1", "--config.num_epochs=1", "--config.logging.wandb=False",
+           "--config.logging.tensorboard=False", "--config.logging.image_freq=0", f"--config.logdir={tmp_path}",
+           "--config.run_name=r"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "epoch 0: GRPO check: 2 samples = 1 conditions x k=2 (exact)" in p.stdout
+    (h,) = json.load(open(tmp_path / "r" / "summary.json"))["history"]
+    assert h["samples"] == 2 and h["epoch"] == 0
