@@ -56,16 +56,24 @@ def stored_steps(config, family: str) -> int:
     return int(s.num_steps)
 
 
-def _autocast(config):
+def _autocast(config, device: str = "cpu"):
     import torch
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.mixed_precision)
-    return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
+    return torch.autocast(device, dtype=dtype) if dtype is not None else nullcontext()
 
 
-def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
-    """Time (a) and (b) for one epoch of `config` (one process), best of `repeats`; returns seconds, counts
-    and memory."""
+def _sync(device: str) -> None:
+    """GPU calls return before they finish: wait for them before reading the clock."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") -> Dict:
+    """Time (a) and (b) for one epoch of `config` (one process, on `device`), best of `repeats`; returns seconds,
+    counts and memory (on CUDA also the peak GPU memory, `cuda_peak_mb`)."""
     import torch
 
     from .build import make_trainable
@@ -76,7 +84,7 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
 
     apply_cpu_settings(config)  # as the trainer does on CPU
     rss_runtime = proc_status_mb("VmRSS")
-    pipe = load_pipeline(config.pretrained.model, resolution=config.pretrained.resolution)
+    pipe = load_pipeline(config.pretrained.model, resolution=config.pretrained.resolution, device=device)
     unet = pipe.unet
     opt = make_trainable(unet, config)
     apply_unet_options(unet, config)  # the trainer's speed switches, so that floor and trainer run the same calls
@@ -94,14 +102,14 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         pipe.scheduler.set_timesteps(T, device="cpu")
     else:
         pipe.scheduler.set_timesteps(T)
-    timesteps = pipe.scheduler.timesteps
+    timesteps = pipe.scheduler.timesteps.to(device)
     with torch.no_grad():
         if pipe.text_encoder is not None:
             from .diffusers_patch.pipeline_with_logprob import encode_prompts
 
             emb1 = encode_prompts(pipe.text_encoder, pipe.tokenizer, [""])
         else:
-            emb1 = torch.zeros(1, 1, unet.config.cross_attention_dim)
+            emb1 = torch.zeros(1, 1, unet.config.cross_attention_dim, device=device)
     embs: Dict[int, torch.Tensor] = {}
 
     def emb(rows: int) -> torch.Tensor:  # built once per shape, outside the timed loops
@@ -109,13 +117,13 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
             embs[rows] = emb1.expand(rows, -1, -1).contiguous()
         return embs[rows]
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device).manual_seed(0)
     rows_sample = B * (2 if cfg else 1)
 
     def sample_batch():
-        x = torch.randn(rows_sample, C, size, size, generator=gen)
+        x = torch.randn(rows_sample, C, size, size, generator=gen, device=device)
         e = emb(rows_sample)
-        with torch.no_grad(), _autocast(config):
+        with torch.no_grad(), _autocast(config, device):
             for tt in timesteps:
                 unet(x, tt.expand(rows_sample), encoder_hidden_states=e)
 
@@ -135,11 +143,11 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         rows = n_rows * (2 if cfg_train else 1)
         tc = timesteps[cols.reshape(-1)]
         tc = torch.cat([tc, tc]) if cfg_train else tc
-        x = torch.randn(rows, C, size, size, generator=gen)
+        x = torch.randn(rows, C, size, size, generator=gen, device=device)
         if t.beta > 0:
-            with torch.no_grad(), _autocast(config):
+            with torch.no_grad(), _autocast(config, device):
                 unet(x, tc, encoder_hidden_states=emb(rows))
-        with _autocast(config):
+        with _autocast(config, device):
             out = unet(x, tc, encoder_hidden_states=emb(rows)).sample
         (out.float().square().mean() * scale).backward()
 
@@ -153,6 +161,9 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    _sync(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     sampling_runs, training_runs = [], []
     for _ in range(max(1, repeats)):
         # (a) sampling
@@ -160,6 +171,7 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         t0 = time.perf_counter()
         for _ in range(nb):
             sample_batch()
+        _sync(device)
         sampling_runs.append(time.perf_counter() - t0)
         rss_after_sampling = proc_status_mb("VmHWM")
 
@@ -182,9 +194,11 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 n_steps += 1
+        _sync(device)
         training_runs.append(time.perf_counter() - t0)
     sampling_s, training_s = min(sampling_runs), min(training_runs)  # a floor: the best of the repeats
     rss_peak = proc_status_mb("VmHWM")
+    cuda_peak = torch.cuda.max_memory_allocated() / MB if device == "cuda" else None
 
     act_bytes = activation_bytes(unet, params, max_call_rows, C, size, emb(max_call_rows), timesteps, config)
     modules = [m for m in (pipe.unet, pipe.text_encoder, pipe.vae) if m is not None]
@@ -206,6 +220,7 @@ def floor(config, warmup: bool = True, repeats: int = 1) -> Dict:
         "optimizer_steps": n_steps, "reference_forwards": n_calls if t.beta > 0 else 0,
         "trainable_params": sum(p.numel() for p in params),
         "torch_threads": torch.get_num_threads(),
+        "cuda_peak_mb": cuda_peak,
         "rss_mb": {"runtime": rss_runtime, "loaded": rss_loaded, "peak_after_sampling": rss_after_sampling,
                    "peak": rss_peak},
         "memory_estimate_mb": est,
@@ -230,9 +245,9 @@ def activation_bytes(unet, params, rows: int, C: int, size: int, enc, timesteps,
             pass
         return x
 
-    x = torch.randn(rows, C, size, size)
-    tc = timesteps[torch.arange(rows) % len(timesteps)]
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), _autocast(config):
+    x = torch.randn(rows, C, size, size, device=enc.device)
+    tc = timesteps[torch.arange(rows, device=timesteps.device) % len(timesteps)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), _autocast(config, enc.device.type):
         out = unet(x, tc, encoder_hidden_states=enc).sample
     del out
     return int(sum(seen.values()))
