@@ -45,6 +45,12 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool):
     return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions)
 
 
+def _shard(n: int, acc) -> slice:
+    """This process's contiguous share of n eval items; equal shares (the remainder is dropped) so gathers line up."""
+    per_proc = n // acc.num_processes
+    return slice(acc.process_index * per_proc, (acc.process_index + 1) * per_proc)
+
+
 def passed(scores: np.ndarray, details: Dict[str, np.ndarray]) -> np.ndarray:
     """(n,) bool: a sample is right when its `*strict_accuracy` detail is 1 (toy world), else when its reward
     is at least 1 (a reward that has no notion of fully right never passes below its maximum)."""
@@ -73,10 +79,9 @@ def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
     ctx.unet.eval()
     gather = lambda a: acc.gather(torch.as_tensor(a, device=acc.device)).cpu().numpy()  # noqa: E731
     pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
-    per_proc = len(pos) // acc.num_processes
-    lo = acc.process_index * per_proc
-    seeds = config.eval.seed * 100003 + np.arange(lo, lo + per_proc)
-    scores, details, images, captions = _sample_and_score(ctx, pos[lo:lo + per_proc], seeds, deterministic=True)
+    mine = _shard(len(pos), acc)
+    scores, details, images, captions = _sample_and_score(ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine],
+                                                          deterministic=True)
     all_scores = gather(scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}
     for k, v in details.items():
@@ -84,12 +89,10 @@ def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
     k = int(config.eval.pass_at_k)
     if k > 0:
         cond = np.repeat(np.unique(pos), k)  # the conditions the deterministic eval covers
-        per_proc = len(cond) // acc.num_processes
-        lo = acc.process_index * per_proc
-        seeds = config.eval.seed * 100003 + 10**9 + np.arange(lo, lo + per_proc)
-        s, d, _, _ = _sample_and_score(ctx, cond[lo:lo + per_proc], seeds, deterministic=False)
-        ok = gather(passed(s, d).astype(np.float32)) > 0.5
-        mine = gather(cond[lo:lo + per_proc])
-        metrics[f"eval/pass_at_{k}"] = pass_at_k(mine, ok, k)
+        mine = _shard(len(cond), acc)
+        s, d, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
+                                       deterministic=False)
+        ok = gather(passed(s, d).astype(np.float32)) > 0.5  # rank-major, as cond[:len(ok)] is
+        metrics[f"eval/pass_at_{k}"] = pass_at_k(cond[:len(ok)], ok, k)
         metrics["eval/pass_at_1_stochastic"] = float(ok.mean())
     return metrics, images, captions
