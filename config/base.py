@@ -46,6 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.name = "toyworld"  # "toyworld" | "prompt_file" | "recam"
     config.data.path = ""  # prompt file (one prompt per line) for "prompt_file"
     config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
+    # toyworld task mix, for the training and the held-out conditions alike: "mixed" (single-object and
+    # two-object conditions, half the sampling mass each), "single" or "pair" (only those).
+    config.data.objects = "mixed"
     # > 0: train on a fixed seeded subset of this many conditions (DDPO-style small prompt set, so each one
     # recurs across epochs and its group statistics accumulate); 0 = all conditions.
     config.data.num_conditions = 0

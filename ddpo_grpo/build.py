@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from .data import KRepeatSampler, build_dataset
+from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset
 from .errors import ConfigError
 from .forward_loss import OBJECTIVES
 from .rewards.combine import PER_STEP_MODES
@@ -130,6 +130,8 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"tracker.std_mode={config.tracker.std_mode!r}; choose one of {STD_MODES}")
     if config.eval.split not in ("eval", "train"):
         raise ConfigError(f"eval.split={config.eval.split!r}; choose 'eval' (held-out) or 'train'")
+    if config.data.objects not in TOYWORLD_OBJECTS:
+        raise ConfigError(f"data.objects={config.data.objects!r}; choose one of {TOYWORLD_OBJECTS}")
     if config.data.num_conditions < 0:
         raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
     if config.reward.per_step not in PER_STEP_MODES:

@@ -33,13 +33,20 @@ class PromptFileDataset:
         return {"index": i, "prompt": self.prompts[i]}
 
 
-class ToyWorldConditions:
-    """The toy world's conditions (train or eval split) as condition items."""
+TOYWORLD_OBJECTS = ("mixed", "single", "pair")
 
-    def __init__(self, split: str = "train"):
+
+class ToyWorldConditions:
+    """The toy world's conditions (train or eval split) as condition items; `objects` "single" or "pair" keeps
+    only the split's conditions with one or two objects (config.data.objects)."""
+
+    def __init__(self, split: str = "train", objects: str = "mixed"):
         from .toyworld import ToyWorldDataset
 
         self.ds = ToyWorldDataset(split=split)
+        if objects != "mixed":
+            keep = [i for i in self.ds.indices if self.ds.conditions[i].is_pair == (objects == "pair")]
+            self.ds = ToyWorldDataset(indices=keep)
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -91,7 +98,7 @@ def build_dataset(config, split: str):
     if split == "eval" and config.eval.split == "train":
         return build_dataset(config, "train")
     if name == "toyworld":
-        ds = ToyWorldConditions("eval" if split == "eval" else config.data.split)
+        ds = ToyWorldConditions("eval" if split == "eval" else config.data.split, config.data.objects)
     elif name == "prompt_file":
         ds = PromptFileDataset(config.data.path)
     elif name == "recam":

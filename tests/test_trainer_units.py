@@ -132,6 +132,7 @@ def _config(name="tiny"):
     (lambda c: (setattr(c.train, "objective", "raft"), setattr(c.train, "beta", 0.01)), "set train.beta=0"),
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_adv_scale", 0.0)), "nft_adv_scale=0.0"),
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
+    (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.build import validate_config
@@ -177,6 +178,23 @@ def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
         singles += int((idx < 72).sum())
         pairs += int((idx >= 72).sum())
     assert 0.35 < singles / (singles + pairs) < 0.65  # uniform draws would give ~3% singles
+
+
+@pytest.mark.parametrize("objects,n_train,n_eval", [("single", 40, 32), ("pair", 2176, 32), ("mixed", 2216, 64)])
+def test_task_mix_keeps_the_split_and_the_object_count(objects, n_train, n_eval):
+    from ddpo_grpo.data import build_dataset
+    from ddpo_grpo.toyworld import ToyWorldDataset
+
+    c = _config()
+    c.data.objects = objects
+    train, held_out = build_dataset(c, "train"), build_dataset(c, "eval")
+    assert (len(train), len(held_out)) == (n_train, n_eval)  # 72 singles and 2,208 pairs; 32 + 32 held out
+    keys = lambda ds: {ds[i]["index"] for i in range(len(ds))}
+    assert not keys(train) & keys(held_out)  # a task mix never trains on a held-out condition
+    assert keys(held_out) <= set(ToyWorldDataset(split="eval").indices)
+    pairs = {ds[i]["condition"].is_pair for ds in (train, held_out) for i in range(len(ds))}
+    assert pairs == {"single": {False}, "pair": {True}, "mixed": {False, True}}[objects]
+    assert abs(train.weights.sum() - 1) < 1e-12
 
 
 def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
