@@ -222,7 +222,7 @@ def sd15_random_bench():
 
 def get_config(name: str = "tiny"):
     configs = {
-        f.__name__: f for f in (tiny, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
+        f.__name__: f for f in (tiny, demo, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
                                  aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny, sd15_random_bench)
     }
     if name not in configs:
