@@ -35,14 +35,14 @@ def run(config):
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
 
-    from ddpo_grpo import devices
-    from ddpo_grpo.advantages import compute_advantages
-    from ddpo_grpo.build import build_context, validate_config
-    from ddpo_grpo.checkpointing import load_checkpoint, save_checkpoint
-    from ddpo_grpo.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
-    from ddpo_grpo.sampling import collect_rewards, sample_epoch
-    from ddpo_grpo.training import train_epoch
-    from ddpo_grpo.verification import verify_groups
+    from ddpo_grpo.trainer import devices
+    from ddpo_grpo.trainer.advantages import compute_advantages
+    from ddpo_grpo.trainer.build import build_context, validate_config
+    from ddpo_grpo.trainer.checkpointing import load_checkpoint, save_checkpoint
+    from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
+    from ddpo_grpo.trainer.sampling import collect_rewards, sample_epoch
+    from ddpo_grpo.trainer.training import train_epoch
+    from ddpo_grpo.trainer.verification import verify_groups
 
     device = devices.setup()
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))

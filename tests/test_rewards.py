@@ -19,11 +19,11 @@ from ddpo_grpo.rewards import (
     RewardResult,
     available_rewards,
     get_reward_fn,
-    make_toyworld_reward,
     register_reward,
     unregister_reward,
 )
-from ddpo_grpo.toyworld import all_conditions, render
+from ddpo_grpo.worlds.toyworld import all_conditions, render
+from ddpo_grpo.worlds.toyworld.reward import make_toyworld_reward
 
 BUILTINS = ("aesthetic", "jpeg_compressibility", "jpeg_incompressibility", "toyworld")
 

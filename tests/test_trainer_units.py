@@ -7,12 +7,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from ddpo_grpo.advantages import compute_advantages
-from ddpo_grpo.data import KRepeatSampler
+from ddpo_grpo.trainer.advantages import compute_advantages
+from ddpo_grpo.trainer.data import KRepeatSampler
 from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
-from ddpo_grpo.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.training import training_calls
-from ddpo_grpo.verification import verify_groups
+from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
+from ddpo_grpo.trainer.training import training_calls
+from ddpo_grpo.trainer.verification import verify_groups
 
 
 def test_k_repeat_sampler_places_exactly_k_copies_across_processes():
@@ -134,7 +134,7 @@ def _config(name="tiny"):
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
 ])
 def test_config_validation_errors(edit, msg):
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
 
     c = _config()
     edit(c)
@@ -143,7 +143,7 @@ def test_config_validation_errors(edit, msg):
 
 
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
 
     with pytest.raises(ValueError, match="unknown config name 'nope'"):
         _config("nope")
@@ -156,7 +156,7 @@ def test_unknown_config_name_and_empty_prompt_file(tmp_path):
 
 
 def test_recam_geometry_validates_for_8_processes():
-    from ddpo_grpo.data import KRepeatSampler
+    from ddpo_grpo.trainer.data import KRepeatSampler
 
     c = _config("recam")
     s = KRepeatSampler(10**6, c.sample.batch_size, c.sample.num_batches_per_epoch, 8, c.sample.k, c.seed)
@@ -164,7 +164,7 @@ def test_recam_geometry_validates_for_8_processes():
 
 
 def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
-    from ddpo_grpo.data import ToyWorldConditions
+    from ddpo_grpo.trainer.data import ToyWorldConditions
 
     data = ToyWorldConditions("train")
     s = KRepeatSampler(len(data), 16, 4, 1, 8, seed=0, weights=data.weights)
@@ -180,7 +180,7 @@ def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
 
 
 def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
-    from ddpo_grpo.data import ToyWorldConditions, build_dataset
+    from ddpo_grpo.trainer.data import ToyWorldConditions, build_dataset
 
     c = _config()
     c.data.num_conditions = 32
@@ -205,7 +205,7 @@ def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
 
 
 def test_shared_init_noise_depends_on_condition_and_epoch_only():
-    from ddpo_grpo.sampling import group_init_noise
+    from ddpo_grpo.trainer.sampling import group_init_noise
 
     c = _config()
     a = group_init_noise(c, 3, [5, 9, 5], (3, 8, 8))
@@ -216,7 +216,7 @@ def test_shared_init_noise_depends_on_condition_and_epoch_only():
 
 
 def test_toyworld_eval_split_is_balanced_and_held_out():
-    from ddpo_grpo.toyworld import ToyWorldDataset
+    from ddpo_grpo.worlds.toyworld import ToyWorldDataset
 
     ev, tr = ToyWorldDataset("eval"), ToyWorldDataset("train")
     assert len(ev) == 64 and sum(i < 72 for i in ev.indices) == 32
@@ -226,8 +226,8 @@ def test_toyworld_eval_split_is_balanced_and_held_out():
 def test_near_deterministic_steps_are_sampled_but_not_trained():
     import types
 
-    from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings, schedule_stds
-    from ddpo_grpo.training import trainable_columns
+    from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
+    from ddpo_grpo.trainer.training import trainable_columns
 
     from helpers import ddim_scheduler
 
@@ -250,7 +250,7 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
 def test_too_few_conditions_for_the_geometry_fails_in_validation():
     """recam_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
     fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
 
     c = _config("recam_tiny")
     assert validate_config(c, num_processes=1) == "ddim"

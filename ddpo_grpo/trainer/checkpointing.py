@@ -16,7 +16,7 @@ import re
 import shutil
 from typing import Optional
 
-from .errors import ConfigError
+from ddpo_grpo.errors import ConfigError
 
 META = "run_meta.json"
 

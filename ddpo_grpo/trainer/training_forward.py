@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .advantages import EpochAdvantages
-from .diffusers_patch.policy_step import denoiser_output
-from .errors import ConfigError
-from .forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
+from ddpo_grpo.core.policy_step import denoiser_output
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
 from .sampling import EpochSamples
 from .training import zero_loss, optimizer_step, trainable_columns
 

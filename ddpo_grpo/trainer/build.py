@@ -10,10 +10,10 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .data import KRepeatSampler, build_dataset
-from .errors import ConfigError
-from .forward_loss import OBJECTIVES
-from .rewards.combine import PER_STEP_MODES
-from .stat_tracking import STD_MODES
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.core.forward_loss import OBJECTIVES
+from ddpo_grpo.rewards.combine import PER_STEP_MODES
+from ddpo_grpo.core.stat_tracking import STD_MODES
 
 
 @dataclass
@@ -59,7 +59,7 @@ def model_family(config) -> str:
     """The family from the model's scheduler config, read without loading weights."""
     import json
 
-    from .models import BUILT, ModelPathError, resolve_model_path
+    from ddpo_grpo.models import BUILT, ModelPathError, resolve_model_path
 
     if config.pretrained.model in BUILT:
         return BUILT[config.pretrained.model]
@@ -74,7 +74,7 @@ def model_family(config) -> str:
 
 def check_resolution(config) -> None:
     """pretrained.resolution sizes models built from configs (sd15-random); a loaded checkpoint has its own size."""
-    from .models import BUILT
+    from ddpo_grpo.models import BUILT
 
     res, model = int(config.pretrained.resolution), config.pretrained.model
     if model not in BUILT:
@@ -82,7 +82,7 @@ def check_resolution(config) -> None:
             raise ConfigError(f"pretrained.resolution={res} applies to built models ({', '.join(sorted(BUILT))}) "
                               f"only; {model!r} has its own size: leave it at 0")
         return
-    from .models.sd15_random import check_resolution as why_not
+    from ddpo_grpo.models.sd15_random import check_resolution as why_not
 
     why = why_not(res) if res else ""
     if why:
@@ -91,7 +91,7 @@ def check_resolution(config) -> None:
 
 def validate_config(config, num_processes: int) -> str:
     """Raise ConfigError with one clear line for anything that cannot work. Returns the model family."""
-    from .rewards import available_rewards
+    from ddpo_grpo.rewards import available_rewards
 
     s, t = config.sample, config.train
     family = model_family(config)
@@ -134,7 +134,7 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
     if config.reward.per_step not in PER_STEP_MODES:
         raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP_MODES}")
-    from .models import COMPILE_MODES, UNET_ATTENTION
+    from ddpo_grpo.models import COMPILE_MODES, UNET_ATTENTION
 
     if config.unet_attention not in UNET_ATTENTION:
         raise ConfigError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
@@ -170,10 +170,10 @@ def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
 
 def build_context(config, accelerator, run_dir: str) -> RunContext:
     """Load the model and build optimizer, tracker, reference, rewards and sampler."""
-    from .models import apply_unet_options, load_pipeline
-    from .reference import EMAReference
-    from .rewards import RewardComputer
-    from .stat_tracking import PerPromptStatTracker
+    from ddpo_grpo.models import apply_unet_options, load_pipeline
+    from ddpo_grpo.core.reference import EMAReference
+    from ddpo_grpo.rewards import RewardComputer
+    from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
     from .supervised import SupervisedLoss
 
     pipe = load_pipeline(config.pretrained.model, device=accelerator.device, resolution=config.pretrained.resolution)
@@ -207,7 +207,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     @torch.no_grad()
     def encode(prompts):
         """Prompt embeddings (B, L, D), cached: conditions repeat k times per epoch and across epochs."""
-        from .diffusers_patch.pipeline_with_logprob import encode_prompts
+        from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
 
         if pipe.text_encoder is None:
             return torch.zeros(len(prompts), 1, pipe.unet.config.cross_attention_dim, device=accelerator.device)

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
-from .diffusers_patch.policy_step import SamplerSettings
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.core.policy_step import SamplerSettings
 
 
 @dataclass
@@ -134,7 +134,7 @@ def collect_rewards(samples: EpochSamples, accelerator=None):
     A reward that raises on any process stops every process with its message: the processes first agree on
     who failed, so none is left waiting in the next collective (a hang, on a cluster).
     """
-    from .rewards import RewardError, RewardResult
+    from ddpo_grpo.rewards import RewardError, RewardResult
 
     results, error = [], ""
     try:
