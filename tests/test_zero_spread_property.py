@@ -71,7 +71,7 @@ def test_correctly_normalised_epochs_always_pass(acc, epoch):
                  for key in np.unique(out.keys_all) if ((out.keys_all == key) & out.mask_all).sum() >= 2)
     assert metrics["verify/zero_std_columns"] == expect
     if out.mask_all.any():
-        stats = tracker.get_stats(include_groups=False)
+        stats = tracker.get_stats()
         cells = rew.shape[1] * len({int(x) for x in out.keys_all[out.mask_all]})
         assert stats["zero_std_ratio"] * cells == pytest.approx(expect)
 

@@ -153,7 +153,7 @@ class PerPromptStatTracker:
                 adv[idx] = self._group_advantages(key, r2[idx], r2)
 
         for key, idx in groups.items():
-            self._record(key, r2[idx], adv[idx])
+            self._record(key, r2[idx])
         self.keys_seen.update(groups)
         self._epoch_rewards.append(r2)
         self._epoch_adv.append(adv)
@@ -199,14 +199,13 @@ class PerPromptStatTracker:
         return self.running_mean, np.sqrt(self.running_var)
 
     # ------------------------------------------------------------------ statistics
-    def _record(self, key: Hashable, g: np.ndarray, a: np.ndarray) -> None:
+    def _record(self, key: Hashable, g: np.ndarray) -> None:
         self._records.append({
             "key": key, "n": g.shape[0],
-            "reward_mean": g.mean(axis=0), "reward_std": g.std(axis=0), "zero": zero_spread(g, self.eps),
-            "adv_mean": a.mean(axis=0), "adv_std": a.std(axis=0),
+            "reward_std": g.std(axis=0), "zero": zero_spread(g, self.eps),
         })
 
-    def get_stats(self, include_groups: bool = True) -> Dict[str, Any]:
+    def get_stats(self) -> Dict[str, Any]:
         """Statistics of this epoch's groups (since the last clear()).
 
         Scalars: num_samples, num_groups, group_size (mean samples per key), trained_prompt_num
@@ -217,7 +216,6 @@ class PerPromptStatTracker:
         reward_std_mean (mean over (group, column) pairs of the batch reward std), reward_mean,
         reward_std, adv_mean, adv_std, adv_abs_max (over all samples and columns), and in
         "running" mode running_mean/running_std (averaged over columns).
-        groups (if include_groups): one dict per key per update() call, see group_rows().
         """
         recs = self._records
         distinct = {rec["key"] for rec in recs}
@@ -246,28 +244,7 @@ class PerPromptStatTracker:
         if self.std_mode == "running" and self.running_mean is not None:
             stats["running_mean"] = float(np.mean(self.running_mean))
             stats["running_std"] = float(np.mean(np.sqrt(self.running_var)))
-        if include_groups:
-            stats["groups"] = self.group_rows()
         return stats
-
-    def group_rows(self) -> List[Dict[str, Any]]:
-        """Per-group table: one dict per key per update() call, in order of first appearance.
-
-        Fields: key, n (samples), columns (T; 1 for (B,) rewards), reward_mean, reward_std,
-        adv_mean, adv_std (each averaged over columns), adv_mean_absmax (max over columns of
-        |column advantage mean|), zero_std_columns (columns with zero spread, see zero_spread).
-        """
-        rows = []
-        for rec in self._records:
-            zero = rec["zero"]
-            rows.append({
-                "key": rec["key"], "n": int(rec["n"]), "columns": int(zero.size),
-                "reward_mean": float(rec["reward_mean"].mean()), "reward_std": float(rec["reward_std"].mean()),
-                "adv_mean": float(rec["adv_mean"].mean()), "adv_std": float(rec["adv_std"].mean()),
-                "adv_mean_absmax": float(np.abs(rec["adv_mean"]).max()),
-                "zero_std_columns": int(zero.sum()),
-            })
-        return rows
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> Dict[str, Any]:

@@ -47,7 +47,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
         m[f"reward_{name}"] = _gather_mean(acc, np.where(rewards.valid, s, np.nan))
     for name, d in rewards.details.items():
         m[name] = _gather_mean(acc, d)
-    stats = ctx.tracker.get_stats(include_groups=False)
+    stats = ctx.tracker.get_stats()
     for key in ("group_size", "trained_prompt_num", "trained_prompt_num_total", "zero_std_ratio", "reward_std_mean"):
         if key in stats:
             m[key] = float(stats[key])
