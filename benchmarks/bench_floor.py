@@ -286,7 +286,8 @@ def interleaved(config, rounds: int = 3) -> Dict:
 
     from ddpo_grpo.trainer.advantages import compute_advantages
     from ddpo_grpo.trainer.build import build_context
-    from ddpo_grpo.trainer.sampling import collect_rewards, sample_epoch
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.sampling import sample_epoch
     from ddpo_grpo.trainer.training import train_epoch
 
     acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
@@ -299,7 +300,7 @@ def interleaved(config, rounds: int = 3) -> Dict:
             ctx.tracker.clear()
             t0 = time.perf_counter()
             samples = sample_epoch(ctx, r)
-            rewards = collect_rewards(samples, acc)  # waits for the rewards still running after sampling
+            rewards = collect_rewards(samples.reward_futures, acc)  # waits for the rewards still running after sampling
             t1 = time.perf_counter()
             adv = compute_advantages(acc, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)

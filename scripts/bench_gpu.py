@@ -104,7 +104,8 @@ def trainer_epoch(config, device: str) -> dict:
     from ddpo_grpo.trainer.advantages import compute_advantages
     from benchmarks.bench_floor import _sync
     from ddpo_grpo.trainer.build import build_context
-    from ddpo_grpo.trainer.sampling import collect_rewards, sample_epoch
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.sampling import sample_epoch
     from ddpo_grpo.trainer.training import train_epoch
 
     acc = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision)
@@ -118,7 +119,7 @@ def trainer_epoch(config, device: str) -> dict:
             _sync(device)
             t0 = time.perf_counter()
             samples = sample_epoch(ctx, epoch)
-            rewards = collect_rewards(samples, acc)
+            rewards = collect_rewards(samples.reward_futures, acc)
             _sync(device)
             t1 = time.perf_counter()
             adv = compute_advantages(acc, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),

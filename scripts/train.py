@@ -40,7 +40,8 @@ def run(config):
     from ddpo_grpo.trainer.build import build_context, validate_config
     from ddpo_grpo.trainer.checkpointing import load_checkpoint, save_checkpoint
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
-    from ddpo_grpo.trainer.sampling import collect_rewards, sample_epoch
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.sampling import sample_epoch
     from ddpo_grpo.trainer.training import train_epoch
     from ddpo_grpo.trainer.verification import verify_groups
 
@@ -83,7 +84,7 @@ def run(config):
         with timer("sampling"):
             samples = sample_epoch(ctx, epoch)  # 1. trajectories + logprobs; rewards start in a thread pool
         with timer("reward"):
-            rewards = collect_rewards(samples, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
+            rewards = collect_rewards(samples.reward_futures, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
         with timer("advantages"):
             adv = compute_advantages(accelerator, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)  # 3.

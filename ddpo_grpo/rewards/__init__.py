@@ -5,7 +5,7 @@ Only generic rewards live here (aesthetic, jpeg); a world's rewards (toyworld, c
 plugins of that world, found through the entry-point group."""
 from . import aesthetic, jpeg  # noqa: F401  (register the built-ins)
 from .aesthetic import AestheticMLP, AestheticScorer, make_aesthetic_reward
-from .combine import PER_STEP_MODES, RewardComputer, RewardResult
+from .combine import PER_STEP_MODES, RewardComputer, RewardResult, collect_rewards
 from .jpeg import jpeg_sizes_kb, make_jpeg_compressibility, make_jpeg_incompressibility
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -21,7 +21,7 @@ from .registry import (
 
 __all__ = [
     "AestheticMLP", "AestheticScorer", "ConfigError", "ENTRY_POINT_GROUP", "PER_STEP_MODES", "RewardComputer",
-    "RewardError", "RewardFn", "RewardResult", "available_rewards", "get_reward_factory", "get_reward_fn",
-    "jpeg_sizes_kb", "make_aesthetic_reward", "make_jpeg_compressibility", "make_jpeg_incompressibility",
-    "register_reward", "unregister_reward",
+    "RewardError", "RewardFn", "RewardResult", "available_rewards", "collect_rewards", "get_reward_factory",
+    "get_reward_fn", "jpeg_sizes_kb", "make_aesthetic_reward", "make_jpeg_compressibility",
+    "make_jpeg_incompressibility", "register_reward", "unregister_reward",
 ]

@@ -220,3 +220,27 @@ class RewardComputer:
         except Exception as e:
             fut.set_exception(e)
         return fut
+
+
+def collect_rewards(futures: Sequence["Future[RewardResult]"], accelerator=None) -> RewardResult:
+    """Wait for the batches' reward futures (`RewardComputer.submit`) and concatenate them into one RewardResult
+    (N,) / (N, T).
+
+    A reward that raises on any process stops every process with its message: the processes first agree on
+    who failed, so none is left waiting in the next collective (a hang, on a cluster). `accelerator` (an
+    accelerate.Accelerator, or None for one process) is only used for that agreement.
+    """
+    results, error = [], ""
+    try:
+        results = [f.result() for f in futures]
+    except Exception as e:  # noqa: BLE001 - any plugin failure is reported, not swallowed
+        error = str(e) if isinstance(e, RewardError) else f"reward computation failed: {type(e).__name__}: {e}"
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        errors = [m for m in gather_object([error]) if m]
+        if errors:
+            raise RewardError(errors[0] + (f" (on {len(errors)} processes)" if len(errors) > 1 else ""))
+    elif error:
+        raise RewardError(error)
+    return RewardResult.concat(results)

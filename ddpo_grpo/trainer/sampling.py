@@ -1,5 +1,6 @@
 """Step 1 of the epoch: sample trajectories with log-probs for this process's share of the epoch's
-conditions, and start their reward computation in the background as each batch finishes."""
+conditions, and start their reward computation in the background as each batch finishes (step 2,
+`ddpo_grpo.rewards.collect_rewards`, waits for them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -127,26 +128,3 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         step_std=parts[0][0].step_std,
     )
 
-
-def collect_rewards(samples: EpochSamples, accelerator=None):
-    """Wait for the batches' reward futures and concatenate them into one RewardResult (N,) / (N, T).
-
-    A reward that raises on any process stops every process with its message: the processes first agree on
-    who failed, so none is left waiting in the next collective (a hang, on a cluster).
-    """
-    from ddpo_grpo.rewards import RewardError, RewardResult
-
-    results, error = [], ""
-    try:
-        results = [f.result() for f in samples.reward_futures]
-    except Exception as e:  # noqa: BLE001 - any plugin failure is reported, not swallowed
-        error = str(e) if isinstance(e, RewardError) else f"reward computation failed: {type(e).__name__}: {e}"
-    if accelerator is not None and accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        errors = [m for m in gather_object([error]) if m]
-        if errors:
-            raise RewardError(errors[0] + (f" (on {len(errors)} processes)" if len(errors) > 1 else ""))
-    elif error:
-        raise RewardError(error)
-    return RewardResult.concat(results)
