@@ -297,12 +297,12 @@ def interleaved(config, rounds: int = 3) -> Dict:
         for r in range(rounds + 1):
             fl = floor(config, warmup=False)
             floors.append({"sampling_s": fl["sampling_s"], "training_s": fl["training_s"]})
-            ctx.tracker.clear()
+            ctx.stat_tracker.clear()
             t0 = time.perf_counter()
             samples = sample_epoch(ctx, r)
             rewards = collect_rewards(samples.reward_futures, acc)  # waits for the rewards still running after sampling
             t1 = time.perf_counter()
-            adv = compute_advantages(acc, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+            adv = compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
             train_epoch(ctx, samples, adv, r)

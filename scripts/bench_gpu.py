@@ -115,14 +115,14 @@ def trainer_epoch(config, device: str) -> dict:
         for epoch in range(2):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            ctx.tracker.clear()
+            ctx.stat_tracker.clear()
             _sync(device)
             t0 = time.perf_counter()
             samples = sample_epoch(ctx, epoch)
             rewards = collect_rewards(samples.reward_futures, acc)
             _sync(device)
             t1 = time.perf_counter()
-            adv = compute_advantages(acc, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+            adv = compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
             train_epoch(ctx, samples, adv, epoch)

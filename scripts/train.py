@@ -76,7 +76,7 @@ def run(config):
     t_start = time.time()
     for epoch in range(ctx.state.epoch, config.num_epochs):
         timer = PhaseTimer()
-        ctx.tracker.clear()
+        ctx.stat_tracker.clear()
         eval_metrics = {}
         if config.eval_freq and epoch % config.eval_freq == 0:
             with timer("eval"):
@@ -86,11 +86,11 @@ def run(config):
         with timer("reward"):
             rewards = collect_rewards(samples.reward_futures, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
         with timer("advantages"):
-            adv = compute_advantages(accelerator, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+            adv = compute_advantages(accelerator, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)  # 3.
         with timer("verification"):
             checks, table = verify_groups(adv.keys_all, adv.advantages_all, adv.mask_all, adv.rewards_all,
-                                          config.sample.k, ctx.tracker)
+                                          config.sample.k, ctx.stat_tracker)
             accelerator.print(f"epoch {epoch}: " + table)  # 4. exact k per condition, group mean 0 / std 1
         with timer("training"):
             train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)

@@ -42,7 +42,7 @@ class RunContext:
     unet: torch.nn.Module
     optimizer: Any
     lr_scheduler: Any
-    tracker: Any
+    stat_tracker: Any  # PerPromptStatTracker (not accelerate's metric trackers)
     reference: Any
     rewards: Any
     sampler: KRepeatSampler
@@ -169,7 +169,7 @@ def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
 
 
 def build_context(config, accelerator, run_dir: str) -> RunContext:
-    """Load the model and build optimizer, tracker, reference, rewards and sampler."""
+    """Load the model and build optimizer, stat tracker, reference, rewards and sampler."""
     from ddpo_grpo.models import apply_unet_options, load_pipeline
     from ddpo_grpo.core.reference import EMAReference
     from ddpo_grpo.rewards import RewardComputer
@@ -193,8 +193,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     if t.beta > 0:
         reference = EMAReference(accelerator.unwrap_model(unet), alpha=t.reference_model_mixup_alpha,
                                  update_freq=t.reference_update_freq, lora=config.use_lora or None)
-    tracker = PerPromptStatTracker(std_mode=config.tracker.std_mode, buffer_size=config.tracker.buffer_size or None,
-                                   min_count=config.tracker.min_count)
+    tc = config.tracker
+    stat_tracker = PerPromptStatTracker(std_mode=tc.std_mode, buffer_size=tc.buffer_size or None, min_count=tc.min_count)
     executor = ThreadPoolExecutor(max(1, config.reward.num_threads))
     rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
                              executor=executor)
@@ -220,7 +220,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
 
     state = RunState()
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
-    for obj in (state, tracker) + ((reference,) if reference is not None else ()):
+    for obj in (state, stat_tracker) + ((reference,) if reference is not None else ()):
         accelerator.register_for_checkpointing(obj)
-    return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, tracker, reference, rewards, sampler,
-                      train_data, eval_data, encode, encode([""]), run_dir, state, supervised)
+    return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
+                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised)

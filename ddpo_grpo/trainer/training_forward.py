@@ -56,7 +56,7 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
     device = acc.device
     N = len(samples)
     n_levels = len(trainable_columns(samples, config))
-    weight, r, n_chosen = sample_weights(config, adv, ctx.tracker.eps, acc.process_index, N)
+    weight, r, n_chosen = sample_weights(config, adv, ctx.stat_tracker.eps, acc.process_index, N)
     x0 = final_x0(samples, ctx.pipe, config.sample.num_steps).float()
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     logs: Dict[str, List[float]] = defaultdict(list)
