@@ -142,6 +142,45 @@ def test_config_validation_errors(edit, msg):
         validate_config(c, num_processes=1)
 
 
+def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
+    c.sample.sde_window_size, c.sample.sde_window_start, c.sample.sde_window_mode = size, start, mode
+    c.sample.sde_type, c.sample.num_steps = sde_type, steps
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda c: setattr(c.sample, "sde_type", "ode"), r"sample.sde_type='ode'; choose one of \('sde', 'cps'\)"),
+    (lambda c: setattr(c.sample, "sde_window_mode", "rolling"), "sample.sde_window_mode='rolling'; choose one of"),
+    (lambda c: _window(c, 3, start=8), r"sde_window_start=8 \+ sample.sde_window_size=3 = 11 exceeds sample.num_steps=10"),
+    (lambda c: _window(c, 3, start=-1), "sample.sde_window_start=-1 must be >= 0"),
+    (lambda c: _window(c, 11), r"sample.sde_window_size=11 must be in \[0, num_steps=10\]"),
+    # cps runs its last step as ODE: a window has 9 of the 10 steps
+    (lambda c: _window(c, 3, start=7, sde_type="cps"), "= 10 exceeds the 9 stochastic steps"),
+    (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
+])
+def test_sde_settings_validation_errors(edit, msg):
+    from ddpo_grpo.trainer.build import validate_config
+
+    c = _config("tiny_flow")
+    edit(c)
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(c, num_processes=1)
+
+
+@pytest.mark.parametrize("size,start,mode,sde_type", [(0, 99, "fixed", "sde"), (3, 7, "fixed", "sde"),
+                                                      (10, 0, "fixed", "sde"), (3, 6, "fixed", "cps"),
+                                                      (9, 0, "sliding", "cps"), (4, 99, "random", "sde")])
+def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_type):
+    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.sampling import sde_window, stochastic_steps
+
+    c = _config("tiny_flow")
+    _window(c, size, start, mode, sde_type)
+    validate_config(c, num_processes=1)  # size 0 = no window: its start is not read
+    for epoch in range(12):
+        w = sde_window(c, epoch)
+        assert w is None if size == 0 else (0 <= w[0] and w[0] + w[1] <= stochastic_steps(c))
+
+
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):
     from ddpo_grpo.trainer.build import validate_config
 

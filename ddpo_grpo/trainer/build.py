@@ -9,11 +9,14 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from .data import KRepeatSampler, build_dataset
-from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.core.forward_loss import OBJECTIVES
-from ddpo_grpo.rewards.combine import PER_STEP_MODES
+from ddpo_grpo.core.sde_with_logprob import SDE_TYPES
 from ddpo_grpo.core.stat_tracking import STD_MODES
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.rewards.combine import PER_STEP_MODES
+
+from .data import KRepeatSampler, build_dataset
+from .sampling import SDE_WINDOW_MODES, stochastic_steps
 
 
 @dataclass
@@ -103,8 +106,25 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"sample.noise_level={s.noise_level}: the flow ODE has no log-probability; use > 0")
     if s.sde_window_size and family != "flow":
         raise ConfigError("sample.sde_window_size applies to flow-matching models only; set it to 0")
+    if s.sde_type not in SDE_TYPES:
+        raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
+    if s.sde_window_mode not in SDE_WINDOW_MODES:
+        raise ConfigError(f"sample.sde_window_mode={s.sde_window_mode!r}; choose one of {SDE_WINDOW_MODES}")
     if s.sde_window_size < 0 or s.sde_window_size > s.num_steps:
         raise ConfigError(f"sample.sde_window_size={s.sde_window_size} must be in [0, num_steps={s.num_steps}]")
+    if s.sde_window_size:  # 0: no window, every step is stochastic
+        room = stochastic_steps(config)  # the window lies within the stochastic steps
+        where = (f"sample.num_steps={s.num_steps}" if room == s.num_steps else
+                 f"the {room} stochastic steps (sample.num_steps={s.num_steps}; sde_type='cps' runs the last one as ODE)")
+        w, start = s.sde_window_size, s.sde_window_start
+        if s.sde_window_mode == "fixed":
+            if start < 0:
+                raise ConfigError(f"sample.sde_window_start={start} must be >= 0")
+            if start + w > room:
+                raise ConfigError(f"sample.sde_window_start={start} + sample.sde_window_size={w} = {start + w} "
+                                  f"exceeds {where}")
+        elif w > room:  # random / sliding starts are drawn so that the window fits
+            raise ConfigError(f"sample.sde_window_size={w} exceeds {where}")
     if not 0 < t.timestep_fraction <= 1:
         raise ConfigError(f"train.timestep_fraction={t.timestep_fraction} must be in (0, 1]")
     if t.clip_range <= 0:

@@ -36,9 +36,19 @@ class EpochSamples:
         return self.latents.shape[0]
 
 
+SDE_WINDOW_MODES = ("fixed", "random", "sliding")
+
+
+def stochastic_steps(config) -> int:
+    """How many of the sample.num_steps steps are stochastic (and so trainable), the room an SDE window has:
+    all of them, but the last for sde_type "cps" (zero variance at sigma' = 0: it runs the ODE)."""
+    return config.sample.num_steps - (1 if config.sample.sde_type == "cps" else 0)
+
+
 def sde_window(config, epoch: int) -> Optional[tuple]:
-    """(start, size) of the stochastic window for this epoch, identical on every process, or None."""
-    w, T = config.sample.sde_window_size, config.sample.num_steps
+    """(start, size) of the stochastic window for this epoch, identical on every process, or None (size 0).
+    The window lies within the stochastic steps (`stochastic_steps`); validate_config checks that it fits."""
+    w, T = config.sample.sde_window_size, stochastic_steps(config)
     if not w:
         return None
     mode = config.sample.sde_window_mode
@@ -49,7 +59,7 @@ def sde_window(config, epoch: int) -> Optional[tuple]:
     elif mode == "sliding":
         start = epoch % (T - w + 1)
     else:
-        raise ValueError(f"unknown sample.sde_window_mode {mode!r}; choose fixed, random or sliding")
+        raise ValueError(f"unknown sample.sde_window_mode {mode!r}; choose one of {SDE_WINDOW_MODES}")
     return (start, w)
 
 
