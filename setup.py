@@ -1,10 +1,17 @@
 from setuptools import find_packages, setup
 
+# ddpo_grpo/assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
+BUNDLED_MODELS = ("tiny-t2i", "tiny-flow", "tiny-recam")
+
 setup(
     name="ddpo_grpo",
     version="0.1.0",
     description="GRPO fine-tuning for diffusion and flow-matching models (DDPO-style, group-relative advantages)",
     packages=find_packages(include=["ddpo_grpo", "ddpo_grpo.*"]),
+    # The bundled tiny models (ddpo_grpo/assets/<name>/<part>/...), so that a wheel or a non-editable install
+    # finds them too (models.ASSETS_DIR is relative to the package).
+    package_data={"ddpo_grpo": [f"assets/{name}/{pattern}" for name in BUNDLED_MODELS
+                                for pattern in ("*.json", "*/*.json", "*/*.safetensors")]},
     python_requires=">=3.10",
     # Every range admits the CPU wheel torch==2.13.0, so pip never swaps in a multi-GB CUDA build.
     install_requires=[
@@ -30,9 +37,10 @@ setup(
     },
     entry_points={
         "ddpo_grpo.rewards": [
-            "toyworld = ddpo_grpo.rewards.toyworld:make_toyworld_reward",
-            "cam_score = ddpo_grpo.recam.cam_score:make_cam_score",
-            "unifiedscore = ddpo_grpo.recam.unifiedscore:make_unifiedscore",
+            # The worlds' rewards are plugins, as a user's would be (ddpo_grpo.rewards imports no world).
+            "toyworld = ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
+            "cam_score = ddpo_grpo.worlds.recam.cam_score:make_cam_score",
+            "unifiedscore = ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
         ],
     },
 )

@@ -11,7 +11,7 @@ GRPO learns against DDPO.
 For each (per-device batch size B, CFG off/on, timesteps per call S, allocator) the real trainer runs as a
 subprocess (scripts/train.py); per-phase wall seconds and samples come from its summary.json (the first epoch
 is a warm-up and is skipped when there is more than one), peak RSS from the kernel's accounting of that one
-child (os.wait4). Right before, a bare-loop subprocess (ddpo_grpo/bench_floor.py) times the floor with the
+child (os.wait4). Right before, a bare-loop subprocess (benchmarks/bench_floor.py) times the floor with the
 same model and geometry: (a) the sampling forwards and (b) the training forward+backward calls with AdamW
 steps, nothing else. overhead = epoch seconds / floor seconds; RSS likewise.
 
@@ -53,8 +53,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # ----------------------------------------------------------------------------------------------- processes
 
-from ddpo_grpo.bench_plots import plot_efficacy, plot_speed  # noqa: E402
-from ddpo_grpo.bench_runs import (  # noqa: E402
+from benchmarks.bench_plots import plot_efficacy, plot_speed  # noqa: E402
+from benchmarks.bench_runs import (  # noqa: E402
     GUIDANCE_ON, ROOT, TUNED_MALLOC, attach_floor, child_env, cpu_busy, gains, measure_floor, measure_trainer,
     normalize_overrides, pretrained_eval,
 )

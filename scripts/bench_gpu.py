@@ -1,5 +1,5 @@
 """GPU benchmark at Stable Diffusion 1.5's scale: the trainer's epoch on `sd15_random_bench` (SD 1.5-shaped,
-random weights, no download) against the same bare floor as scripts/bench.py (ddpo_grpo/bench_floor.py), on CUDA
+random weights, no download) against the same bare floor as scripts/bench.py (benchmarks/bench_floor.py), on CUDA
 in bf16 autocast (the log-prob math stays fp32).
 
     python scripts/bench_gpu.py                                   # B 4,8,16 x CFG off/on x LoRA r8 / full, 512 px
@@ -81,7 +81,7 @@ def unet_flops(unet, config, device: str, rows_in, train: bool) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ddpo_grpo.bench_floor import _autocast
+    from benchmarks.bench_floor import _autocast
 
     cfg = unet.config
     x = torch.randn(1, cfg.in_channels, cfg.sample_size, cfg.sample_size, device=device)
@@ -101,11 +101,12 @@ def trainer_epoch(config, device: str) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from ddpo_grpo.advantages import compute_advantages
-    from ddpo_grpo.bench_floor import _sync
-    from ddpo_grpo.build import build_context
-    from ddpo_grpo.sampling import collect_rewards, sample_epoch
-    from ddpo_grpo.training import train_epoch
+    from ddpo_grpo.trainer.advantages import compute_advantages
+    from benchmarks.bench_floor import _sync
+    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.sampling import sample_epoch
+    from ddpo_grpo.trainer.training import train_epoch
 
     acc = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision)
     out = {}
@@ -114,14 +115,14 @@ def trainer_epoch(config, device: str) -> dict:
         for epoch in range(2):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            ctx.tracker.clear()
+            ctx.stat_tracker.clear()
             _sync(device)
             t0 = time.perf_counter()
             samples = sample_epoch(ctx, epoch)
-            rewards = collect_rewards(samples, acc)
+            rewards = collect_rewards(samples.reward_futures, acc)
             _sync(device)
             t1 = time.perf_counter()
-            adv = compute_advantages(acc, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+            adv = compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
             train_epoch(ctx, samples, adv, epoch)
@@ -140,7 +141,7 @@ def trainer_epoch(config, device: str) -> dict:
 def measure_point(args, B: int, cfg: bool, mode: str, switch: str) -> dict:
     import torch
 
-    from ddpo_grpo.bench_floor import floor
+    from benchmarks.bench_floor import floor
 
     config = point_config(args, B, cfg, mode, SWITCHES.get(switch, {}))
     row = {"batch_size": B, "cfg": cfg, "mode": mode, "switch": switch, "resolution": args.resolution}
@@ -239,7 +240,7 @@ def main(argv=None) -> None:
         args.device = "cpu"
         if args.allow_cpu and args.resolution > MAX_CPU_RESOLUTION:
             fail(f"--allow-cpu with --resolution {args.resolution}: on CPU use <= {MAX_CPU_RESOLUTION} (e.g. 64)")
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
     from ddpo_grpo.errors import ConfigError
 
     points = plan(args)

@@ -13,11 +13,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpo_grpo.diffusers_patch.pipeline_with_logprob import encode_prompts, pipeline_with_logprob  # noqa: E402
-from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings  # noqa: E402
-from ddpo_grpo.logging_utils import labelled_grid  # noqa: E402
+from ddpo_grpo.core.pipeline_with_logprob import encode_prompts, pipeline_with_logprob  # noqa: E402
+from ddpo_grpo.core.policy_step import SamplerSettings  # noqa: E402
+from ddpo_grpo.trainer.reporting import labelled_grid  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
-from ddpo_grpo.toyworld import all_conditions, balanced_weights, summarize, verify_batch  # noqa: E402
+from ddpo_grpo.worlds.toyworld import all_conditions, balanced_weights, summarize, verify_batch  # noqa: E402
 
 
 @torch.no_grad()

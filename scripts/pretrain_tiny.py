@@ -1,7 +1,7 @@
 """Pretrain the bundled tiny text-to-image model on the toy world.
 
-    python scripts/pretrain_tiny.py --family ddim --out assets/tiny-t2i --steps 1500
-    python scripts/pretrain_tiny.py --family flow --out assets/tiny-flow --steps 1500
+    python scripts/pretrain_tiny.py --family ddim --out ddpo_grpo/assets/tiny-t2i --steps 1500
+    python scripts/pretrain_tiny.py --family flow --out ddpo_grpo/assets/tiny-flow --steps 1500
 
 `ddim`: v-prediction with a DDIMScheduler (cosine betas). `flow`: rectified flow (x_t = (1-s) x0 + s eps,
 velocity target eps - x0) with a FlowMatchEulerDiscreteScheduler. Both are seeded and reproducible on
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ddpo_grpo.models.tiny import (  # noqa: E402
     build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet, optimizer_step, save_model,
 )
-from ddpo_grpo.toyworld import COLORS, sample_training_batch, vocabulary  # noqa: E402
+from ddpo_grpo.worlds.toyworld import COLORS, sample_training_batch, vocabulary  # noqa: E402
 
 
 def save(out: str, unet, text_encoder, tokenizer, scheduler, meta: dict) -> None:

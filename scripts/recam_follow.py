@@ -5,7 +5,7 @@
 Samples `--copies` views of each of the first `--conditions` conditions of a split (DDIM, `--steps` steps;
 eta 1 as the trainer samples, or `--eta 0`), scores them with `cam_score`'s moments estimator and prints
 cam_score, the slope / offset / residual std of estimated vs requested (dx, dy, log zoom) (see
-ddpo_grpo/recam/follow.py), and the within-condition spread of cam_score. Seeded: copy c of condition j draws
+ddpo_grpo/worlds/recam/follow.py), and the within-condition spread of cam_score. Seeded: copy c of condition j draws
 its noise from seed (c, j).
 """
 import argparse
@@ -18,12 +18,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpo_grpo.diffusers_patch.pipeline_with_logprob import pipeline_with_logprob  # noqa: E402
-from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings  # noqa: E402
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob  # noqa: E402
+from ddpo_grpo.core.policy_step import SamplerSettings  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
-from ddpo_grpo.recam.cam_score import estimate_moments, score_motion  # noqa: E402
-from ddpo_grpo.recam.data import RecamConditions  # noqa: E402
-from ddpo_grpo.recam.follow import follow_stats, reward_spread  # noqa: E402
+from ddpo_grpo.worlds.recam.cam_score import estimate_moments, score_motion  # noqa: E402
+from ddpo_grpo.worlds.recam.data import RecamConditions  # noqa: E402
+from ddpo_grpo.worlds.recam.follow import follow_stats, reward_spread  # noqa: E402
 
 
 @torch.no_grad()

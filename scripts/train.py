@@ -35,14 +35,15 @@ def run(config):
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
 
-    from ddpo_grpo import devices
-    from ddpo_grpo.advantages import compute_advantages
-    from ddpo_grpo.build import build_context, validate_config
-    from ddpo_grpo.checkpointing import load_checkpoint, save_checkpoint
-    from ddpo_grpo.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
-    from ddpo_grpo.sampling import collect_rewards, sample_epoch
-    from ddpo_grpo.training import train_epoch
-    from ddpo_grpo.verification import verify_groups
+    from ddpo_grpo.trainer import devices
+    from ddpo_grpo.trainer.advantages import compute_advantages
+    from ddpo_grpo.trainer.build import build_context, validate_config
+    from ddpo_grpo.trainer.checkpointing import load_checkpoint, save_checkpoint
+    from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.sampling import sample_epoch
+    from ddpo_grpo.trainer.training import train_epoch
+    from ddpo_grpo.trainer.verification import verify_groups
 
     device = devices.setup()
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
@@ -75,7 +76,7 @@ def run(config):
     t_start = time.time()
     for epoch in range(ctx.state.epoch, config.num_epochs):
         timer = PhaseTimer()
-        ctx.tracker.clear()
+        ctx.stat_tracker.clear()
         eval_metrics = {}
         if config.eval_freq and epoch % config.eval_freq == 0:
             with timer("eval"):
@@ -83,13 +84,13 @@ def run(config):
         with timer("sampling"):
             samples = sample_epoch(ctx, epoch)  # 1. trajectories + logprobs; rewards start in a thread pool
         with timer("reward"):
-            rewards = collect_rewards(samples, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
+            rewards = collect_rewards(samples.reward_futures, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
         with timer("advantages"):
-            adv = compute_advantages(accelerator, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+            adv = compute_advantages(accelerator, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)  # 3.
         with timer("verification"):
             checks, table = verify_groups(adv.keys_all, adv.advantages_all, adv.mask_all, adv.rewards_all,
-                                          config.sample.k, ctx.tracker)
+                                          config.sample.k, ctx.stat_tracker)
             accelerator.print(f"epoch {epoch}: " + table)  # 4. exact k per condition, group mean 0 / std 1
         with timer("training"):
             train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)

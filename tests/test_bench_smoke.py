@@ -51,7 +51,7 @@ def test_interleaved_floor_and_trainer_in_one_process(tmp_path):
     import sys
 
     out = tmp_path / "inter.json"
-    subprocess.run([sys.executable, "-m", "ddpo_grpo.bench_floor", "--config", "config/grpo.py:tiny",
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_floor", "--config", "config/grpo.py:tiny",
                     "--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.train.batch_size=4",
                     "--config.sample.num_batches_per_epoch=2", "--config.sample.k=4", "--config.train.min_step_std=0",
                     "--mode=interleaved", "--repeats=2", f"--out={out}"],

@@ -3,7 +3,8 @@ import pytest
 import torch
 from diffusers import DDIMScheduler
 
-from ddpo_grpo.diffusers_patch import ddim_step, ddim_step_with_logprob, gaussian_log_prob
+from ddpo_grpo.core.common import gaussian_log_prob
+from ddpo_grpo.core.ddim_with_logprob import ddim_step, ddim_step_with_logprob
 
 SHAPE = (3, 4, 4, 4)  # (B, C, H, W)
 NUM_STEPS = 10

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ddpo_grpo import devices
+from ddpo_grpo.trainer import devices
 from ddpo_grpo.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from ddpo_grpo.loss import KLInputs, grpo_loss, kl_penalty
+from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 
 F64 = torch.float64
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from ddpo_grpo.stat_tracking import ZERO_SPREAD_EPS, column_std, zero_spread
+from ddpo_grpo.core.stat_tracking import ZERO_SPREAD_EPS, column_std, zero_spread
 from helpers import reward_plugin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from ddpo_grpo.diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
-from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings, policy_step
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.core.policy_step import SamplerSettings, policy_step
 
 from helpers import ddim_scheduler, flow_scheduler, tiny_unet
 
@@ -97,8 +97,8 @@ def test_deterministic_sampling_is_reproducible_and_has_no_logprob():
 def test_pred_x0_of_a_column_follows_that_steps_action(family, sde_type):
     """Per-step rewards score x̂0 predicted from step j's *output* (so they depend on step j's sampled action);
     the last step's output is the final image itself."""
-    from ddpo_grpo.diffusers_patch.pipeline_with_logprob import decode
-    from ddpo_grpo.diffusers_patch.policy_step import denoiser_output, predicted_x0
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+    from ddpo_grpo.core.policy_step import denoiser_output, predicted_x0
 
     unet, sched, settings, emb, neg, traj = _sample(family, 1.0, sde_type)
     n = traj.log_probs.shape[1]

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-import ddpo_grpo.recam  # noqa: F401  (registers cam_score and unifiedscore)
-from ddpo_grpo.recam.cam_score import estimate_moments, foreground_moments, make_cam_score
-from ddpo_grpo.recam.data import NUM_EVAL, NUM_TRAIN, RecamConditions
-from ddpo_grpo.recam.world import (
+from ddpo_grpo.worlds.recam.cam_score import estimate_moments, foreground_moments, make_cam_score
+from ddpo_grpo.worlds.recam.data import NUM_EVAL, NUM_TRAIN, RecamConditions
+from ddpo_grpo.worlds.recam.world import (
     Camera, CameraMotion, RecamCondition, Scene, WorldObject, camera_planes, make_condition,
     render_world, sample_training_batch,
 )
@@ -187,7 +186,7 @@ def test_cam_score_pluggable_estimators():
     c = square_condition(CameraMotion(3, -2, 1.0))
     meta = [{"source": c.source_view(), "camera": (3, -2, 1.0)}]
     img = torch.from_numpy(c.target_view()[None])
-    s, _ = get_reward_fn("cam_score", estimator="ddpo_grpo.recam.cam_score:estimate_moments")(img, None, meta)
+    s, _ = get_reward_fn("cam_score", estimator="ddpo_grpo.worlds.recam.cam_score:estimate_moments")(img, None, meta)
     assert s[0] == pytest.approx(1.0, abs=1e-5)
     s, det = make_cam_score(estimator=lambda src, tgt: (3.0, 0.0, 1.0))(img, None, meta)
     assert det["translation_error"][0] == pytest.approx(2.0) and s[0] == pytest.approx(math.exp(-1))
@@ -199,7 +198,7 @@ def test_cam_score_pluggable_estimators():
     _, det = make_cam_score(estimator=batched)(img, None, meta)
     assert det["zoom_error"][0] == pytest.approx(math.log(1.1), rel=1e-5)
     with pytest.raises(ConfigError):
-        get_reward_fn("cam_score", estimator="ddpo_grpo.recam.cam_score:no_such_fn")
+        get_reward_fn("cam_score", estimator="ddpo_grpo.worlds.recam.cam_score:no_such_fn")
     with pytest.raises(ConfigError):
         get_reward_fn("cam_score", estimator="nonsense")
 
@@ -215,7 +214,7 @@ def test_cam_score_through_reward_computer_with_dataset_items():
 
 
 def test_follow_stats_recovers_a_known_bias():
-    from ddpo_grpo.recam.follow import follow_stats, reward_spread
+    from ddpo_grpo.worlds.recam.follow import follow_stats, reward_spread
 
     rng = np.random.default_rng(0)
     req = np.stack([rng.integers(-6, 7, 200), rng.integers(-6, 7, 200), np.exp(rng.uniform(-0.2, 0.2, 200))], 1)
@@ -233,7 +232,7 @@ def test_follow_stats_recovers_a_known_bias():
 
 
 def test_ground_truth_views_follow_the_camera_exactly(triples):
-    from ddpo_grpo.recam.follow import follow_stats
+    from ddpo_grpo.worlds.recam.follow import follow_stats
 
     est = np.array([estimate_moments(c.source_view(), c.target_view()) for c in triples])
     s = follow_stats(est, np.array([c.motion.as_tuple() for c in triples]))

@@ -3,7 +3,7 @@ import io
 import pytest
 import torch
 
-from ddpo_grpo.reference import EMAReference
+from ddpo_grpo.core.reference import EMAReference
 
 
 def _mlp(seed=0):

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from ddpo_grpo.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
+from ddpo_grpo.trainer.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
 from ddpo_grpo.errors import ConfigError
 from helpers import cpu_env, launch_cmd, reward_plugin
 
@@ -20,7 +20,7 @@ SMALL = ["--config.sample.num_steps=3", "--config.sample.batch_size=4", "--confi
 PLUGIN = '''
 import os
 import numpy as np
-from ddpo_grpo.rewards.toyworld import make_toyworld_reward
+from ddpo_grpo.worlds.toyworld.reward import make_toyworld_reward
 
 def make(mode="nan"):
     base = make_toyworld_reward()

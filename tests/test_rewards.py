@@ -18,12 +18,13 @@ from ddpo_grpo.rewards import (
     RewardError,
     RewardResult,
     available_rewards,
+    collect_rewards,
     get_reward_fn,
-    make_toyworld_reward,
     register_reward,
     unregister_reward,
 )
-from ddpo_grpo.toyworld import all_conditions, render
+from ddpo_grpo.worlds.toyworld import all_conditions, render
+from ddpo_grpo.worlds.toyworld.reward import make_toyworld_reward
 
 BUILTINS = ("aesthetic", "jpeg_compressibility", "jpeg_incompressibility", "toyworld")
 
@@ -387,6 +388,15 @@ def test_executor_submit_matches_call(test_rewards):
     assert fut.done()
     with pytest.raises(RewardError):
         fut.result()
+
+
+def test_collect_rewards_concatenates_batches_and_names_a_failure(test_rewards):
+    comp = RewardComputer({"t_a": 1.0})
+    res = collect_rewards([comp.submit(_imgs(3), [""] * 3, [{}] * 3), comp.submit(_imgs(2), [""] * 2, [{}] * 2)])
+    np.testing.assert_array_equal(res.avg, [1.0, 2.0, 3.0, 1.0, 2.0])
+    bad = RewardComputer({"t_call_raises": 1.0}).submit(_imgs(3), [""] * 3, [{}] * 3)
+    with pytest.raises(RewardError, match="t_call_raises"):
+        collect_rewards([comp.submit(_imgs(3), [""] * 3, [{}] * 3), bad])
 
 
 def test_toyworld_through_computer():

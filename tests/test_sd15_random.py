@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ddpo_grpo.build import validate_config
+from ddpo_grpo.trainer.build import validate_config
 from ddpo_grpo.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,7 +5,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from ddpo_grpo.diffusers_patch import flow_ode_step, sde_step_with_logprob
+from ddpo_grpo.core.sde_with_logprob import flow_ode_step, sde_step_with_logprob
 
 SHAPE = (3, 4, 4, 4)  # (B, C, H, W)
 NUM_STEPS = 8

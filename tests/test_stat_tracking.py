@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ddpo_grpo.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.verification import verify_groups
+from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
+from ddpo_grpo.trainer.verification import verify_groups
 
 
 def test_group_mode_per_column_mean0_std1_random():
@@ -103,11 +103,6 @@ def test_stats_on_hand_made_batch_zero_std_per_column():
     assert stats["zero_std_ratio_per_column"] == [0.5, 0.0]  # column 0 carries no signal in group a
     # Per-(group, column) stds: a: 0, 0.5; b: 0.5, 1.5.
     assert stats["reward_std_mean"] == pytest.approx((0 + 0.5 + 0.5 + 1.5) / 4)
-    a, b = stats["groups"]
-    assert a["key"] == "a" and a["n"] == 2 and a["columns"] == 2 and a["zero_std_columns"] == 1
-    assert a["reward_mean"] == pytest.approx(1.25) and a["reward_std"] == pytest.approx(0.25)
-    assert a["adv_mean"] == 0.0 and a["adv_std"] == pytest.approx(0.5)  # columns: std 0 and 1
-    assert b["zero_std_columns"] == 0 and b["adv_std"] == pytest.approx(1.0)
 
     tracker.clear()
     tracker.update(["c", "c"], np.array([[0.0, 1.0], [1.0, 1.0]]))
@@ -121,7 +116,8 @@ def test_tuple_and_numpy_keys():
     tracker = PerPromptStatTracker()
     adv = tracker.update(keys, np.array([1.0, 3.0, 5.0, 4.0]))
     np.testing.assert_allclose(adv, [-1.0, 1.0, 1.0, -1.0])
-    assert [row["key"] for row in tracker.get_stats()["groups"]] == [(0, 1.5), (0, 2.5)]
+    stats = tracker.get_stats()
+    assert stats["num_groups"] == 2 and stats["trained_prompt_num"] == 2  # numpy scalars key the same groups
     adv = PerPromptStatTracker().update([3, 3, 7, 7], torch.tensor([0.0, 1.0, 1.0, 1.0]))
     np.testing.assert_allclose(adv, [-1.0, 1.0, 0.0, 0.0])
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddpo_grpo.toyworld import (COLORS, PLACES, RELATIONS, SHAPES, Condition, Obj, ToyWorldDataset, all_conditions,
+from ddpo_grpo.worlds.toyworld import (COLORS, PLACES, RELATIONS, SHAPES, Condition, Obj, ToyWorldDataset, all_conditions,
                                 render, summarize, verify_batch, vocabulary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,8 +88,8 @@ def test_bundled_model_loads_offline_and_generates():
                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert out.returncode == 0, out.stderr
     assert "ddim (3, 32, 32) DDIMScheduler" in out.stdout
-    from ddpo_grpo.diffusers_patch.pipeline_with_logprob import encode_prompts, pipeline_with_logprob
-    from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings
+    from ddpo_grpo.core.pipeline_with_logprob import encode_prompts, pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
     from ddpo_grpo.models import load_pipeline
 
     p = load_pipeline("tiny-t2i")

@@ -7,12 +7,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from ddpo_grpo.advantages import compute_advantages
-from ddpo_grpo.data import KRepeatSampler
+from ddpo_grpo.trainer.advantages import compute_advantages
+from ddpo_grpo.trainer.data import KRepeatSampler
 from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
-from ddpo_grpo.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.training import training_calls
-from ddpo_grpo.verification import verify_groups
+from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
+from ddpo_grpo.trainer.training import training_calls
+from ddpo_grpo.trainer.verification import verify_groups
 
 
 def test_k_repeat_sampler_places_exactly_k_copies_across_processes():
@@ -135,7 +135,7 @@ def _config(name="tiny"):
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
 ])
 def test_config_validation_errors(edit, msg):
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
 
     c = _config()
     edit(c)
@@ -143,8 +143,47 @@ def test_config_validation_errors(edit, msg):
         validate_config(c, num_processes=1)
 
 
+def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
+    c.sample.sde_window_size, c.sample.sde_window_start, c.sample.sde_window_mode = size, start, mode
+    c.sample.sde_type, c.sample.num_steps = sde_type, steps
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda c: setattr(c.sample, "sde_type", "ode"), r"sample.sde_type='ode'; choose one of \('sde', 'cps'\)"),
+    (lambda c: setattr(c.sample, "sde_window_mode", "rolling"), "sample.sde_window_mode='rolling'; choose one of"),
+    (lambda c: _window(c, 3, start=8), r"sde_window_start=8 \+ sample.sde_window_size=3 = 11 exceeds sample.num_steps=10"),
+    (lambda c: _window(c, 3, start=-1), "sample.sde_window_start=-1 must be >= 0"),
+    (lambda c: _window(c, 11), r"sample.sde_window_size=11 must be in \[0, num_steps=10\]"),
+    # cps runs its last step as ODE: a window has 9 of the 10 steps
+    (lambda c: _window(c, 3, start=7, sde_type="cps"), "= 10 exceeds the 9 stochastic steps"),
+    (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
+])
+def test_sde_settings_validation_errors(edit, msg):
+    from ddpo_grpo.trainer.build import validate_config
+
+    c = _config("tiny_flow")
+    edit(c)
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(c, num_processes=1)
+
+
+@pytest.mark.parametrize("size,start,mode,sde_type", [(0, 99, "fixed", "sde"), (3, 7, "fixed", "sde"),
+                                                      (10, 0, "fixed", "sde"), (3, 6, "fixed", "cps"),
+                                                      (9, 0, "sliding", "cps"), (4, 99, "random", "sde")])
+def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_type):
+    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.sampling import sde_window, stochastic_steps
+
+    c = _config("tiny_flow")
+    _window(c, size, start, mode, sde_type)
+    validate_config(c, num_processes=1)  # size 0 = no window: its start is not read
+    for epoch in range(12):
+        w = sde_window(c, epoch)
+        assert w is None if size == 0 else (0 <= w[0] and w[0] + w[1] <= stochastic_steps(c))
+
+
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
 
     with pytest.raises(ValueError, match="unknown config name 'nope'"):
         _config("nope")
@@ -157,7 +196,7 @@ def test_unknown_config_name_and_empty_prompt_file(tmp_path):
 
 
 def test_recam_geometry_validates_for_8_processes():
-    from ddpo_grpo.data import KRepeatSampler
+    from ddpo_grpo.trainer.data import KRepeatSampler
 
     c = _config("recam")
     s = KRepeatSampler(10**6, c.sample.batch_size, c.sample.num_batches_per_epoch, 8, c.sample.k, c.seed)
@@ -165,7 +204,7 @@ def test_recam_geometry_validates_for_8_processes():
 
 
 def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
-    from ddpo_grpo.data import ToyWorldConditions
+    from ddpo_grpo.trainer.data import ToyWorldConditions
 
     data = ToyWorldConditions("train")
     s = KRepeatSampler(len(data), 16, 4, 1, 8, seed=0, weights=data.weights)
@@ -198,7 +237,7 @@ def test_task_mix_keeps_the_split_and_the_object_count(objects, n_train, n_eval)
 
 
 def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
-    from ddpo_grpo.data import ToyWorldConditions, build_dataset
+    from ddpo_grpo.trainer.data import ToyWorldConditions, build_dataset
 
     c = _config()
     c.data.num_conditions = 32
@@ -223,7 +262,7 @@ def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
 
 
 def test_shared_init_noise_depends_on_condition_and_epoch_only():
-    from ddpo_grpo.sampling import group_init_noise
+    from ddpo_grpo.trainer.sampling import group_init_noise
 
     c = _config()
     a = group_init_noise(c, 3, [5, 9, 5], (3, 8, 8))
@@ -234,7 +273,7 @@ def test_shared_init_noise_depends_on_condition_and_epoch_only():
 
 
 def test_toyworld_eval_split_is_balanced_and_held_out():
-    from ddpo_grpo.toyworld import ToyWorldDataset
+    from ddpo_grpo.worlds.toyworld import ToyWorldDataset
 
     ev, tr = ToyWorldDataset("eval"), ToyWorldDataset("train")
     assert len(ev) == 64 and sum(i < 72 for i in ev.indices) == 32
@@ -244,8 +283,8 @@ def test_toyworld_eval_split_is_balanced_and_held_out():
 def test_near_deterministic_steps_are_sampled_but_not_trained():
     import types
 
-    from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings, schedule_stds
-    from ddpo_grpo.training import trainable_columns
+    from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
+    from ddpo_grpo.trainer.training import trainable_columns
 
     from helpers import ddim_scheduler
 
@@ -268,7 +307,7 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
 def test_too_few_conditions_for_the_geometry_fails_in_validation():
     """recam_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
     fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
-    from ddpo_grpo.build import validate_config
+    from ddpo_grpo.trainer.build import validate_config
 
     c = _config("recam_tiny")
     assert validate_config(c, num_processes=1) == "ddim"

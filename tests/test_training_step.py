@@ -6,13 +6,13 @@ import ml_collections
 import torch
 from accelerate import Accelerator
 
-from ddpo_grpo.advantages import EpochAdvantages
-from ddpo_grpo.build import RunState
-from ddpo_grpo.diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
-from ddpo_grpo.diffusers_patch.policy_step import SamplerSettings
-from ddpo_grpo.reference import EMAReference
-from ddpo_grpo.sampling import EpochSamples
-from ddpo_grpo.training import train_epoch
+from ddpo_grpo.trainer.advantages import EpochAdvantages
+from ddpo_grpo.trainer.build import RunState
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.core.policy_step import SamplerSettings
+from ddpo_grpo.core.reference import EMAReference
+from ddpo_grpo.trainer.sampling import EpochSamples
+from ddpo_grpo.trainer.training import train_epoch
 
 from helpers import ddim_scheduler, tiny_unet
 

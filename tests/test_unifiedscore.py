@@ -14,8 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-import ddpo_grpo.recam  # noqa: F401  (registers unifiedscore)
-from ddpo_grpo.recam.unifiedscore import make_unifiedscore, parse_final_score
+from ddpo_grpo.worlds.recam.unifiedscore import make_unifiedscore, parse_final_score
 from ddpo_grpo.rewards import ConfigError, RewardComputer, get_reward_fn
 
 

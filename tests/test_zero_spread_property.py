@@ -10,10 +10,10 @@ from accelerate import Accelerator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpo_grpo.advantages import compute_advantages
+from ddpo_grpo.trainer.advantages import compute_advantages
 from ddpo_grpo.errors import VerificationError
-from ddpo_grpo.stat_tracking import ZERO_SPREAD_EPS, PerPromptStatTracker, zero_spread
-from ddpo_grpo.verification import verify_groups
+from ddpo_grpo.core.stat_tracking import ZERO_SPREAD_EPS, PerPromptStatTracker, zero_spread
+from ddpo_grpo.trainer.verification import verify_groups
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # How a (group, column) cell's k rewards are drawn: spread relative to eps, from exact ties to plain noise.
@@ -71,7 +71,7 @@ def test_correctly_normalised_epochs_always_pass(acc, epoch):
                  for key in np.unique(out.keys_all) if ((out.keys_all == key) & out.mask_all).sum() >= 2)
     assert metrics["verify/zero_std_columns"] == expect
     if out.mask_all.any():
-        stats = tracker.get_stats(include_groups=False)
+        stats = tracker.get_stats()
         cells = rew.shape[1] * len({int(x) for x in out.keys_all[out.mask_all]})
         assert stats["zero_std_ratio"] * cells == pytest.approx(expect)
 

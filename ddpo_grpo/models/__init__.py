@@ -17,7 +17,8 @@ BUNDLED = {
 }
 # Models built from configs in memory (random weights, nothing read from disk): name -> family.
 BUILT = {"sd15-random": "ddim"}
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
+# Inside the package (shipped as package data), so that a wheel / non-editable install finds the bundled models.
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 
 
 class ModelPathError(ValueError):

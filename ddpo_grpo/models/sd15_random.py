@@ -63,7 +63,7 @@ def sd15_scheduler() -> DDIMScheduler:
 
 def build_tokenizer() -> CLIPTokenizer:
     """A CLIPTokenizer with one token per toy-world word (plus a few generic ones), padded to SD's 77 tokens."""
-    from ..toyworld.dataset import vocabulary
+    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
     from .tiny import _bpe_for_words
 
     vocab, merges = _bpe_for_words(list(vocabulary()) + list(EXTRA_WORDS))
@@ -91,7 +91,7 @@ def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dt
     created on `device` directly (initialising 1.1 G parameters on a GPU takes a fraction of the CPU's time), from
     a forked RNG seeded with SEED, so the caller's random state is untouched.
     """
-    from . import LoadedPipeline
+    from ddpo_grpo.models import LoadedPipeline
 
     why = check_resolution(resolution)
     if why:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -59,23 +59,33 @@ class RewardResult:
             final_per_fn=cat([r.final_per_fn for r in results]),
         )
 
-    def summary(self) -> Dict[str, float]:
-        """Scalars for logging: reward mean/std and per-function means over valid samples,
-        detail means over all samples, and the invalid count."""
-        v = self.valid
+    def means(self, mean: Optional[Callable[[np.ndarray], float]] = None) -> Dict[str, float]:
+        """Means for logging: `reward_mean` (weighted score of the final images) and `reward_<fn>` (each function's
+        raw score) over valid samples, and each detail's mean over all samples.
 
-        def mean(x):
-            x = np.asarray(x, dtype=np.float64)
-            return float(x.mean()) if x.size else math.nan
-
-        out = {"reward_mean": mean(self.final[v]),
-               "reward_std": float(self.final[v].std()) if v.any() else math.nan,
-               "invalid_count": float(self.invalid_count)}
+        `mean` reduces an array (N,) with NaN for what is left out to a float; the default is this result's
+        own NaN-mean, and the trainer passes one that averages over every process's samples."""
+        mean = mean or _nanmean
+        out = {"reward_mean": mean(np.where(self.valid, self.final, np.nan))}
         for name, s in self.final_per_fn.items():
-            out[f"{name}_mean"] = mean(s[v])
+            out[f"reward_{name}"] = mean(np.where(self.valid, s, np.nan))
         for name, d in self.details.items():
-            out[name] = float(np.nanmean(d)) if len(d) else math.nan
+            out[name] = mean(d)
         return out
+
+    def summary(self) -> Dict[str, float]:
+        """Scalars of this result: `means()`, plus the std of the final reward over valid samples and the
+        invalid count."""
+        out = self.means()
+        v = self.valid
+        out["reward_std"] = float(self.final[v].std()) if v.any() else math.nan
+        out["invalid_count"] = float(self.invalid_count)
+        return out
+
+
+def _nanmean(x: np.ndarray) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -220,3 +230,27 @@ class RewardComputer:
         except Exception as e:
             fut.set_exception(e)
         return fut
+
+
+def collect_rewards(futures: Sequence["Future[RewardResult]"], accelerator=None) -> RewardResult:
+    """Wait for the batches' reward futures (`RewardComputer.submit`) and concatenate them into one RewardResult
+    (N,) / (N, T).
+
+    A reward that raises on any process stops every process with its message: the processes first agree on
+    who failed, so none is left waiting in the next collective (a hang, on a cluster). `accelerator` (an
+    accelerate.Accelerator, or None for one process) is only used for that agreement.
+    """
+    results, error = [], ""
+    try:
+        results = [f.result() for f in futures]
+    except Exception as e:  # noqa: BLE001 - any plugin failure is reported, not swallowed
+        error = str(e) if isinstance(e, RewardError) else f"reward computation failed: {type(e).__name__}: {e}"
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        errors = [m for m in gather_object([error]) if m]
+        if errors:
+            raise RewardError(errors[0] + (f" (on {len(errors)} processes)" if len(errors) > 1 else ""))
+    elif error:
+        raise RewardError(error)
+    return RewardResult.concat(results)

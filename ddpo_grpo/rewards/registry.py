@@ -19,7 +19,7 @@ ENTRY_POINT_GROUP = "ddpo_grpo.rewards"
 RewardFactory = Callable[..., Callable]
 
 
-from ..errors import ConfigError  # noqa: E402  (one ConfigError for the whole project)
+from ddpo_grpo.errors import ConfigError  # noqa: E402  (one ConfigError for the whole project)
 
 
 class RewardError(RuntimeError):

@@ -109,7 +109,7 @@ def measure_floor(config: str, batch_size: int, cfg: bool, tpc: int = 1, overrid
     """The bare-loop floor of one epoch at this geometry, in its own subprocess."""
     name = f"floor_b{batch_size}_{'cfg' if cfg else 'nocfg'}_s{tpc}"
     out = os.path.join(workdir, name + ".json")
-    cmd = [sys.executable, "-m", "ddpo_grpo.bench_floor", *config_args(config, [
+    cmd = [sys.executable, "-m", "benchmarks.bench_floor", *config_args(config, [
         *geometry_overrides(batch_size, cfg, tpc), *overrides]), f"--out={out}", f"--repeats={repeats}"]
     busy = cpu_busy()
     r = run_measured(cmd, child_env(malloc, threads), os.path.join(workdir, name + ".log"), timeout)
@@ -182,7 +182,7 @@ def pretrained_eval(config: str, overrides: Sequence[str], workdir: str, malloc:
     """The trainer's deterministic eval of the untrained model (samples = 0 on the learning curve)."""
     tag = config.rsplit(":", 1)[-1] if ":" in config else os.path.splitext(os.path.basename(config))[0]
     out = os.path.join(workdir, f"pretrained_eval_{tag}.json")
-    cmd = [sys.executable, "-m", "ddpo_grpo.bench_floor", "--mode=eval", *config_args(config, overrides),
+    cmd = [sys.executable, "-m", "benchmarks.bench_floor", "--mode=eval", *config_args(config, overrides),
            f"--out={out}"]
     r = run_measured(cmd, child_env(malloc, threads), out[:-5] + ".log", timeout)
     if r["returncode"] != 0 or not os.path.exists(out):

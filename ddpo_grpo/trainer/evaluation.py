@@ -7,7 +7,7 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from .diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from .sampling import sampler_settings, stack_items
 
 

@@ -1,4 +1,5 @@
-"""A procedural world of coloured shapes with prompts and a reward that reads the pixels back."""
+"""A procedural world of coloured shapes with prompts and a reward that reads the pixels back (`reward.py`,
+registered as `toyworld` through the entry-point group ``ddpo_grpo.rewards``)."""
 from .dataset import ToyWorldDataset, all_conditions, balanced_weights, sample_training_batch, vocabulary
 from .render import COLORS, PLACES, RELATIONS, SHAPES, Condition, Obj, render
 from .verify import ATTRIBUTES, summarize, verify_batch, verify_image

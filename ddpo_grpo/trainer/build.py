@@ -9,11 +9,14 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ddpo_grpo.core.forward_loss import OBJECTIVES
+from ddpo_grpo.core.sde_with_logprob import SDE_TYPES
+from ddpo_grpo.core.stat_tracking import STD_MODES
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.rewards.combine import PER_STEP_MODES
+
 from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset
-from .errors import ConfigError
-from .forward_loss import OBJECTIVES
-from .rewards.combine import PER_STEP_MODES
-from .stat_tracking import STD_MODES
+from .sampling import SDE_WINDOW_MODES, stochastic_steps
 
 
 @dataclass
@@ -42,7 +45,7 @@ class RunContext:
     unet: torch.nn.Module
     optimizer: Any
     lr_scheduler: Any
-    tracker: Any
+    stat_tracker: Any  # PerPromptStatTracker (not accelerate's metric trackers)
     reference: Any
     rewards: Any
     sampler: KRepeatSampler
@@ -59,7 +62,7 @@ def model_family(config) -> str:
     """The family from the model's scheduler config, read without loading weights."""
     import json
 
-    from .models import BUILT, ModelPathError, resolve_model_path
+    from ddpo_grpo.models import BUILT, ModelPathError, resolve_model_path
 
     if config.pretrained.model in BUILT:
         return BUILT[config.pretrained.model]
@@ -74,7 +77,7 @@ def model_family(config) -> str:
 
 def check_resolution(config) -> None:
     """pretrained.resolution sizes models built from configs (sd15-random); a loaded checkpoint has its own size."""
-    from .models import BUILT
+    from ddpo_grpo.models import BUILT
 
     res, model = int(config.pretrained.resolution), config.pretrained.model
     if model not in BUILT:
@@ -82,7 +85,7 @@ def check_resolution(config) -> None:
             raise ConfigError(f"pretrained.resolution={res} applies to built models ({', '.join(sorted(BUILT))}) "
                               f"only; {model!r} has its own size: leave it at 0")
         return
-    from .models.sd15_random import check_resolution as why_not
+    from ddpo_grpo.models.sd15_random import check_resolution as why_not
 
     why = why_not(res) if res else ""
     if why:
@@ -91,7 +94,7 @@ def check_resolution(config) -> None:
 
 def validate_config(config, num_processes: int) -> str:
     """Raise ConfigError with one clear line for anything that cannot work. Returns the model family."""
-    from .rewards import available_rewards
+    from ddpo_grpo.rewards import available_rewards
 
     s, t = config.sample, config.train
     family = model_family(config)
@@ -103,8 +106,25 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"sample.noise_level={s.noise_level}: the flow ODE has no log-probability; use > 0")
     if s.sde_window_size and family != "flow":
         raise ConfigError("sample.sde_window_size applies to flow-matching models only; set it to 0")
+    if s.sde_type not in SDE_TYPES:
+        raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
+    if s.sde_window_mode not in SDE_WINDOW_MODES:
+        raise ConfigError(f"sample.sde_window_mode={s.sde_window_mode!r}; choose one of {SDE_WINDOW_MODES}")
     if s.sde_window_size < 0 or s.sde_window_size > s.num_steps:
         raise ConfigError(f"sample.sde_window_size={s.sde_window_size} must be in [0, num_steps={s.num_steps}]")
+    if s.sde_window_size:  # 0: no window, every step is stochastic
+        room = stochastic_steps(config)  # the window lies within the stochastic steps
+        where = (f"sample.num_steps={s.num_steps}" if room == s.num_steps else
+                 f"the {room} stochastic steps (sample.num_steps={s.num_steps}; sde_type='cps' runs the last one as ODE)")
+        w, start = s.sde_window_size, s.sde_window_start
+        if s.sde_window_mode == "fixed":
+            if start < 0:
+                raise ConfigError(f"sample.sde_window_start={start} must be >= 0")
+            if start + w > room:
+                raise ConfigError(f"sample.sde_window_start={start} + sample.sde_window_size={w} = {start + w} "
+                                  f"exceeds {where}")
+        elif w > room:  # random / sliding starts are drawn so that the window fits
+            raise ConfigError(f"sample.sde_window_size={w} exceeds {where}")
     if not 0 < t.timestep_fraction <= 1:
         raise ConfigError(f"train.timestep_fraction={t.timestep_fraction} must be in (0, 1]")
     if t.clip_range <= 0:
@@ -136,7 +156,7 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
     if config.reward.per_step not in PER_STEP_MODES:
         raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP_MODES}")
-    from .models import COMPILE_MODES, UNET_ATTENTION
+    from ddpo_grpo.models import COMPILE_MODES, UNET_ATTENTION
 
     if config.unet_attention not in UNET_ATTENTION:
         raise ConfigError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
@@ -171,11 +191,11 @@ def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
 
 
 def build_context(config, accelerator, run_dir: str) -> RunContext:
-    """Load the model and build optimizer, tracker, reference, rewards and sampler."""
-    from .models import apply_unet_options, load_pipeline
-    from .reference import EMAReference
-    from .rewards import RewardComputer
-    from .stat_tracking import PerPromptStatTracker
+    """Load the model and build optimizer, stat tracker, reference, rewards and sampler."""
+    from ddpo_grpo.models import apply_unet_options, load_pipeline
+    from ddpo_grpo.core.reference import EMAReference
+    from ddpo_grpo.rewards import RewardComputer
+    from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
     from .supervised import SupervisedLoss
 
     pipe = load_pipeline(config.pretrained.model, device=accelerator.device, resolution=config.pretrained.resolution)
@@ -195,8 +215,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     if t.beta > 0:
         reference = EMAReference(accelerator.unwrap_model(unet), alpha=t.reference_model_mixup_alpha,
                                  update_freq=t.reference_update_freq, lora=config.use_lora or None)
-    tracker = PerPromptStatTracker(std_mode=config.tracker.std_mode, buffer_size=config.tracker.buffer_size or None,
-                                   min_count=config.tracker.min_count)
+    tc = config.tracker
+    stat_tracker = PerPromptStatTracker(std_mode=tc.std_mode, buffer_size=tc.buffer_size or None, min_count=tc.min_count)
     executor = ThreadPoolExecutor(max(1, config.reward.num_threads))
     rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
                              executor=executor)
@@ -209,7 +229,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     @torch.no_grad()
     def encode(prompts):
         """Prompt embeddings (B, L, D), cached: conditions repeat k times per epoch and across epochs."""
-        from .diffusers_patch.pipeline_with_logprob import encode_prompts
+        from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
 
         if pipe.text_encoder is None:
             return torch.zeros(len(prompts), 1, pipe.unet.config.cross_attention_dim, device=accelerator.device)
@@ -222,7 +242,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
 
     state = RunState()
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
-    for obj in (state, tracker) + ((reference,) if reference is not None else ()):
+    for obj in (state, stat_tracker) + ((reference,) if reference is not None else ()):
         accelerator.register_for_checkpointing(obj)
-    return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, tracker, reference, rewards, sampler,
-                      train_data, eval_data, encode, encode([""]), run_dir, state, supervised)
+    return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
+                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised)

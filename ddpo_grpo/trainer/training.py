@@ -14,8 +14,8 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from .diffusers_patch.policy_step import policy_step
-from .loss import KLInputs, grpo_loss
+from ddpo_grpo.core.policy_step import policy_step
+from ddpo_grpo.core.loss import KLInputs, grpo_loss
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 

@@ -1,20 +1,23 @@
 """Toy-world verifier as a reward: read colour, shape and position back from the pixels.
 
-metadata[i]["condition"] must be the `ddpo_grpo.toyworld.Condition` the image was generated for.
+metadata[i]["condition"] must be the `ddpo_grpo.worlds.toyworld.Condition` the image was generated for.
 Scores are the verifier's per-image reward in [0, 1] (mean of the attribute scores; for pairs the
 colour and shape scores count each object as 1/2). Details are per-sample 0/1 correctness:
 `color_accuracy`, `shape_accuracy`, `position_accuracy` (attribute fully right) and
-`strict_accuracy` (everything right); their batch means match `ddpo_grpo.toyworld.summarize`.
+`strict_accuracy` (everything right); their batch means match `ddpo_grpo.worlds.toyworld.summarize`.
 Samples with non-finite pixels score NaN (details 0).
+
+Registered as the reward `toyworld` through the entry-point group ``ddpo_grpo.rewards`` (setup.py), as a
+user's plugin is: the generic reward package does not know this world.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..toyworld import ATTRIBUTES, Condition, verify_batch
-from ..toyworld.render import IMAGE_SIZE
-from ._images import finite_rows, image_batch
-from .registry import register_reward
+from ddpo_grpo.rewards._images import finite_rows, image_batch
+
+from .render import IMAGE_SIZE, Condition
+from .verify import ATTRIBUTES, verify_batch
 
 
 def _conditions(metadata, batch: int):
@@ -26,14 +29,13 @@ def _conditions(metadata, batch: int):
         c = m.get("condition") if isinstance(m, dict) else None
         if not isinstance(c, Condition):
             raise ValueError(
-                f"toyworld reward needs metadata[{i}]['condition'] = a ddpo_grpo.toyworld.Condition, "
+                f"toyworld reward needs metadata[{i}]['condition'] = a ddpo_grpo.worlds.toyworld.Condition, "
                 f"got {type(c).__name__ if c is not None else 'nothing'}"
             )
         conds.append(c)
     return conds
 
 
-@register_reward("toyworld")
 def make_toyworld_reward():
     def toyworld(images, prompts, metadata):
         x = image_batch(images, "toyworld")

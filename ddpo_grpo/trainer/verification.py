@@ -10,8 +10,8 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from .errors import VerificationError
-from .stat_tracking import PerPromptStatTracker, zero_spread
+from ddpo_grpo.errors import VerificationError
+from ddpo_grpo.core.stat_tracking import PerPromptStatTracker, zero_spread
 
 MEAN_TOL = 1e-4
 STD_TOL = 1e-3

@@ -1,5 +1,6 @@
 """Step 1 of the epoch: sample trajectories with log-probs for this process's share of the epoch's
-conditions, and start their reward computation in the background as each batch finishes."""
+conditions, and start their reward computation in the background as each batch finishes (step 2,
+`ddpo_grpo.rewards.collect_rewards`, waits for them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,8 +10,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
-from .diffusers_patch.policy_step import SamplerSettings
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.core.policy_step import SamplerSettings
 
 
 @dataclass
@@ -35,9 +36,19 @@ class EpochSamples:
         return self.latents.shape[0]
 
 
+SDE_WINDOW_MODES = ("fixed", "random", "sliding")
+
+
+def stochastic_steps(config) -> int:
+    """How many of the sample.num_steps steps are stochastic (and so trainable), the room an SDE window has:
+    all of them, but the last for sde_type "cps" (zero variance at sigma' = 0: it runs the ODE)."""
+    return config.sample.num_steps - (1 if config.sample.sde_type == "cps" else 0)
+
+
 def sde_window(config, epoch: int) -> Optional[tuple]:
-    """(start, size) of the stochastic window for this epoch, identical on every process, or None."""
-    w, T = config.sample.sde_window_size, config.sample.num_steps
+    """(start, size) of the stochastic window for this epoch, identical on every process, or None (size 0).
+    The window lies within the stochastic steps (`stochastic_steps`); validate_config checks that it fits."""
+    w, T = config.sample.sde_window_size, stochastic_steps(config)
     if not w:
         return None
     mode = config.sample.sde_window_mode
@@ -48,7 +59,7 @@ def sde_window(config, epoch: int) -> Optional[tuple]:
     elif mode == "sliding":
         start = epoch % (T - w + 1)
     else:
-        raise ValueError(f"unknown sample.sde_window_mode {mode!r}; choose fixed, random or sliding")
+        raise ValueError(f"unknown sample.sde_window_mode {mode!r}; choose one of {SDE_WINDOW_MODES}")
     return (start, w)
 
 
@@ -127,26 +138,3 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         step_std=parts[0][0].step_std,
     )
 
-
-def collect_rewards(samples: EpochSamples, accelerator=None):
-    """Wait for the batches' reward futures and concatenate them into one RewardResult (N,) / (N, T).
-
-    A reward that raises on any process stops every process with its message: the processes first agree on
-    who failed, so none is left waiting in the next collective (a hang, on a cluster).
-    """
-    from .rewards import RewardError, RewardResult
-
-    results, error = [], ""
-    try:
-        results = [f.result() for f in samples.reward_futures]
-    except Exception as e:  # noqa: BLE001 - any plugin failure is reported, not swallowed
-        error = str(e) if isinstance(e, RewardError) else f"reward computation failed: {type(e).__name__}: {e}"
-    if accelerator is not None and accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        errors = [m for m in gather_object([error]) if m]
-        if errors:
-            raise RewardError(errors[0] + (f" (on {len(errors)} processes)" if len(errors) > 1 else ""))
-    elif error:
-        raise RewardError(error)
-    return RewardResult.concat(results)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from ddpo_grpo.errors import ConfigError
 
 
 class PromptFileDataset:
@@ -41,7 +41,7 @@ class ToyWorldConditions:
     only the split's conditions with one or two objects (config.data.objects)."""
 
     def __init__(self, split: str = "train", objects: str = "mixed"):
-        from .toyworld import ToyWorldDataset
+        from ddpo_grpo.worlds.toyworld import ToyWorldDataset
 
         self.ds = ToyWorldDataset(split=split)
         if objects != "mixed":
@@ -102,7 +102,7 @@ def build_dataset(config, split: str):
     elif name == "prompt_file":
         ds = PromptFileDataset(config.data.path)
     elif name == "recam":
-        from .recam.data import RecamConditions
+        from ddpo_grpo.worlds.recam.data import RecamConditions
 
         ds = RecamConditions(split=split)
     else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import InvalidRewardError
+from ddpo_grpo.errors import InvalidRewardError
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Camera re-rendering ("recam") at tiny scale: a camera world, its condition dataset, and two reward
-plugins. Importing this package registers the rewards `cam_score` and `unifiedscore`."""
-from . import cam_score, unifiedscore  # noqa: F401  (register the reward plugins)
+plugins, `cam_score` and `unifiedscore`, registered through the entry-point group ``ddpo_grpo.rewards``
+(setup.py) as a user's plugin is."""
 from .cam_score import estimate_moments, make_cam_score
 from .data import RecamConditions
 from .unifiedscore import make_unifiedscore

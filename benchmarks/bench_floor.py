@@ -15,9 +15,9 @@ decode, logging. Inputs are random tensors of the right shapes.
 
 Run as a subprocess (so its peak RSS is its own), with the trainer's own config flags:
 
-    python -m ddpo_grpo.bench_floor --config config/grpo.py:tiny --config.sample.batch_size=8 --out floor.json
-    python -m ddpo_grpo.bench_floor --config config/grpo.py:tiny --mode eval --out eval.json  # pretrained eval
-    python -m ddpo_grpo.bench_floor --config config/grpo.py:tiny --mode interleaved --repeats 3  # same-process ratio
+    python -m benchmarks.bench_floor --config config/grpo.py:tiny --config.sample.batch_size=8 --out floor.json
+    python -m benchmarks.bench_floor --config config/grpo.py:tiny --mode eval --out eval.json  # pretrained eval
+    python -m benchmarks.bench_floor --config config/grpo.py:tiny --mode interleaved --repeats 3  # same-process ratio
 """
 from __future__ import annotations
 
@@ -76,11 +76,11 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     counts and memory (on CUDA also the peak GPU memory, `cuda_peak_mb`)."""
     import torch
 
-    from .build import make_trainable
-    from .models import apply_unet_options, load_pipeline
-    from .training import training_calls
+    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.models import apply_unet_options, load_pipeline
+    from ddpo_grpo.trainer.training import training_calls
 
-    from .devices import apply_cpu_settings
+    from ddpo_grpo.trainer.devices import apply_cpu_settings
 
     apply_cpu_settings(config)  # as the trainer does on CPU
     rss_runtime = proc_status_mb("VmRSS")
@@ -105,7 +105,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     timesteps = pipe.scheduler.timesteps.to(device)
     with torch.no_grad():
         if pipe.text_encoder is not None:
-            from .diffusers_patch.pipeline_with_logprob import encode_prompts
+            from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
 
             emb1 = encode_prompts(pipe.text_encoder, pipe.tokenizer, [""])
         else:
@@ -129,7 +129,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
 
     T_store = stored_steps(config, pipe.family)
     # the trainer trains only steps with std >= train.min_step_std (a window's steps for flow windows)
-    from .diffusers_patch.policy_step import SamplerSettings, schedule_stds
+    from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
 
     settings = SamplerSettings(family=pipe.family, eta=config.sample.eta, noise_level=config.sample.noise_level,
                                sde_type=config.sample.sde_type)
@@ -260,8 +260,8 @@ def pretrained_eval(config) -> Dict:
 
     from accelerate import Accelerator
 
-    from .build import build_context
-    from .evaluation import evaluate
+    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.trainer.evaluation import evaluate
 
     acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
     with tempfile.TemporaryDirectory() as d:
@@ -284,10 +284,11 @@ def interleaved(config, rounds: int = 3) -> Dict:
     import torch
     from accelerate import Accelerator
 
-    from .advantages import compute_advantages
-    from .build import build_context
-    from .sampling import collect_rewards, sample_epoch
-    from .training import train_epoch
+    from ddpo_grpo.trainer.advantages import compute_advantages
+    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.sampling import sample_epoch
+    from ddpo_grpo.trainer.training import train_epoch
 
     acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
     floors, trainer = [], []  # floor() applies the CPU math settings before each round's trainer epoch
@@ -296,12 +297,12 @@ def interleaved(config, rounds: int = 3) -> Dict:
         for r in range(rounds + 1):
             fl = floor(config, warmup=False)
             floors.append({"sampling_s": fl["sampling_s"], "training_s": fl["training_s"]})
-            ctx.tracker.clear()
+            ctx.stat_tracker.clear()
             t0 = time.perf_counter()
             samples = sample_epoch(ctx, r)
-            rewards = collect_rewards(samples, acc)  # waits for the rewards still running after sampling
+            rewards = collect_rewards(samples.reward_futures, acc)  # waits for the rewards still running after sampling
             t1 = time.perf_counter()
-            adv = compute_advantages(acc, ctx.tracker, samples.keys, torch.from_numpy(rewards.avg),
+            adv = compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
             train_epoch(ctx, samples, adv, r)

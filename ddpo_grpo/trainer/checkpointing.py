@@ -4,7 +4,7 @@ A checkpoint becomes visible only when complete: every process writes into `.tmp
 the files are fsynced, and the main process renames the folder to `checkpoint_NNNNN` (an atomic rename
 on POSIX). A kill during saving leaves at most a `.tmp-*` folder, which is ignored and cleaned up.
 Saved: model, optimizer, LR schedule and all RNG states (per process) by accelerate, plus the run
-state (epoch, step, history), the tracker and the EMA reference registered for checkpointing, and
+state (epoch, step, history), the stat tracker and the EMA reference registered for checkpointing, and
 run_meta.json describing what the checkpoint belongs to.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 import shutil
 from typing import Optional
 
-from .errors import ConfigError
+from ddpo_grpo.errors import ConfigError
 
 META = "run_meta.json"
 

@@ -43,7 +43,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..toyworld.render import COLORS, SHAPES, shape_mask
+from ddpo_grpo.worlds.toyworld.render import COLORS, SHAPES, shape_mask
 
 WORLD_SIZE = 64
 VIEW_SIZE = 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .errors import ConfigError
+from ddpo_grpo.errors import ConfigError
 
 
 def npu_available() -> bool:

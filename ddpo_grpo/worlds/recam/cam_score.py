@@ -2,7 +2,7 @@
 
 A pose estimator `estimate(source, target) -> (dx, dy, zoom)` (or None when it cannot tell) measures the
 motion between metadata[i]["source"] (np (3, 32, 32) in [0, 1]) and the generated image, in the
-convention of `ddpo_grpo.recam.world` (target position p = 16 + zoom * (q - 16 - (dx, dy)) for a source
+convention of `ddpo_grpo.worlds.recam.world` (target position p = 16 + zoom * (q - 16 - (dx, dy)) for a source
 position q). It is compared with the requested motion metadata[i]["camera"] = (dx, dy, zoom):
 
     translation_error = |(dx, dy)_est - (dx, dy)|        (source-view pixels)
@@ -39,8 +39,8 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..rewards._images import finite_rows, image_batch
-from ..rewards.registry import ConfigError, register_reward
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.rewards._images import finite_rows, image_batch
 
 Estimate = Optional[Tuple[float, float, float]]
 
@@ -152,7 +152,6 @@ def score_motion(est: np.ndarray, req: np.ndarray, tau_translation: float = 2.0,
     return scores, terr, zerr
 
 
-@register_reward("cam_score")
 def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs: Optional[dict] = None,
                    tau_translation: float = 2.0, tau_zoom: float = 0.1,
                    acc_translation: float = 1.5, acc_zoom: float = 0.08):

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError
-from .forward_loss import noised_and_target
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.core.forward_loss import noised_and_target
 
 
 def sup_weight(config, epoch: int) -> float:
@@ -35,8 +35,8 @@ class SupervisedLoss:
 
     def loss(self, unet, epoch: int) -> Optional[Tuple[torch.Tensor, float]]:
         """(weighted loss, raw loss) on a fresh batch of renders, or None when the weight is 0 this epoch."""
-        from .diffusers_patch.pipeline_with_logprob import encode_prompts
-        from .toyworld import sample_training_batch
+        from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
+        from ddpo_grpo.worlds.toyworld import sample_training_batch
 
         w = sup_weight(self.config, epoch)
         if w <= 0:

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .advantages import EpochAdvantages
-from .diffusers_patch.policy_step import denoiser_output
-from .errors import ConfigError
-from .forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
+from ddpo_grpo.core.policy_step import denoiser_output
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
 from .sampling import EpochSamples
 from .training import zero_loss, optimizer_step, trainable_columns
 
@@ -56,7 +56,7 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
     device = acc.device
     N = len(samples)
     n_levels = len(trainable_columns(samples, config))
-    weight, r, n_chosen = sample_weights(config, adv, ctx.tracker.eps, acc.process_index, N)
+    weight, r, n_chosen = sample_weights(config, adv, ctx.stat_tracker.eps, acc.process_index, N)
     x0 = final_x0(samples, ctx.pipe, config.sample.num_steps).float()
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     logs: Dict[str, List[float]] = defaultdict(list)

@@ -1,0 +1,83 @@
+"""A wheel (what `pip install .` installs, non-editable) carries the bundled models and the reward entry points,
+and an installed copy finds its models relative to the package, not to a source checkout."""
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "ddpo_grpo")
+BUNDLED = ("tiny-t2i", "tiny-flow", "tiny-recam")
+WORLD_REWARDS = {
+    "toyworld": "ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
+    "cam_score": "ddpo_grpo.worlds.recam.cam_score:make_cam_score",
+    "unifiedscore": "ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
+}
+
+
+def asset_files():
+    """Paths (relative to the repo root, '/'-separated) of every file of the bundled models."""
+    out = []
+    for name in BUNDLED:
+        for dirpath, _, files in os.walk(os.path.join(PKG, "assets", name)):
+            out += [os.path.relpath(os.path.join(dirpath, f), ROOT).replace(os.sep, "/") for f in files]
+    return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """Build the wheel offline from a copy of what the build reads (setup.py and the package)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("setup.py", "setup.cfg", "pyproject.toml", "MANIFEST.in"):
+        if os.path.exists(os.path.join(ROOT, name)):
+            shutil.copy(os.path.join(ROOT, name), src / name)
+    shutil.copytree(PKG, src / "ddpo_grpo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*_snapshots"))
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp / "dist")], cwd=src, env=env, capture_output=True, text=True, timeout=50)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (whl,) = (tmp / "dist").glob("ddpo_grpo-*.whl")
+    return whl
+
+
+@pytest.mark.timeout(60)
+def test_wheel_has_the_models_and_the_reward_entry_points(wheel):
+    files = asset_files()
+    assert len(files) >= 20 and any(f.endswith("unet/diffusion_pytorch_model.safetensors") for f in files)
+    assert sum(os.path.getsize(os.path.join(ROOT, f)) for f in files) <= 35 * 2**20
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        missing = [f for f in files if f not in names]
+        assert not missing, f"not in the wheel: {missing}"
+        assert "ddpo_grpo/core/ddim_with_logprob.py" in names and "ddpo_grpo/worlds/toyworld/reward.py" in names
+        assert not any(n.startswith(("benchmarks/", "tests/", "scripts/")) for n in names)
+        (ep_file,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        lines = [ln.strip() for ln in z.read(ep_file).decode().splitlines() if ln.strip()]
+    assert lines[0] == "[ddpo_grpo.rewards]"
+    assert dict(ln.split(" = ") for ln in lines[1:]) == WORLD_REWARDS
+
+
+@pytest.mark.timeout(60)
+def test_unpacked_wheel_finds_its_own_models_and_rewards(wheel, tmp_path):
+    """An unpacked wheel is what a non-editable install puts in site-packages: first on the path here."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    code = ("import os, ddpo_grpo.models as m, ddpo_grpo.rewards as r\n"
+            "assert m.__file__.startswith(os.environ['SITE']), m.__file__\n"
+            "assert m.ASSETS_DIR == os.path.join(os.path.dirname(os.path.dirname(m.__file__)), 'assets')\n"
+            "for name in m.BUNDLED:\n"
+            "    assert m.resolve_model_path(name).startswith(os.environ['SITE'])\n"
+            "f = r.get_reward_factory('toyworld')\n"
+            "assert f.__module__ == 'ddpo_grpo.worlds.toyworld.reward'\n"
+            "import sys; assert sys.modules[f.__module__].__file__.startswith(os.environ['SITE'])\n"
+            "print('ok')")
+    env = dict(os.environ, PYTHONPATH=str(site), SITE=str(site), HF_HUB_OFFLINE="1")
+    p = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                       timeout=55)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
