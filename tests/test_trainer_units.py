@@ -221,8 +221,8 @@ def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
 
 @pytest.mark.parametrize("objects,n_train,n_eval", [("single", 40, 32), ("pair", 2176, 32), ("mixed", 2216, 64)])
 def test_task_mix_keeps_the_split_and_the_object_count(objects, n_train, n_eval):
-    from ddpo_grpo.data import build_dataset
-    from ddpo_grpo.toyworld import ToyWorldDataset
+    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.worlds.toyworld import ToyWorldDataset
 
     c = _config()
     c.data.objects = objects
