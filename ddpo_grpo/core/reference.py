@@ -19,6 +19,8 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
+from .scale import full_tensor, like
+
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP/accelerate and torch.compile wrappers
 
 
@@ -158,10 +160,11 @@ class EMAReference:
             self._active = False
 
     def state_dict(self) -> Dict[str, object]:
-        """Reference tensors (CPU clones) and counters."""
+        """Reference tensors (CPU clones; whole tensors under FSDP2, so every process must call this, as
+        accelerate's save_state does) and counters."""
         return {"alpha": self.alpha, "update_freq": self.update_freq, "num_steps": self.num_steps,
                 "num_updates": self.num_updates,
-                "tensors": {n: t.detach().cpu().clone() for n, t in self.tensors.items()}}
+                "tensors": {n: full_tensor(t.detach()).cpu().clone() for n, t in self.tensors.items()}}
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Load tensors and counters; names and shapes must match. alpha and update_freq are kept
@@ -174,6 +177,6 @@ class EMAReference:
             for n, t in self.tensors.items():
                 if tensors[n].shape != t.shape:
                     raise ValueError(f"{n}: saved shape {tuple(tensors[n].shape)} != {tuple(t.shape)}")
-                t.copy_(tensors[n])
+                t.copy_(like(tensors[n], t))  # FSDP2: this process's shard of the saved whole tensor
         self.num_steps = int(state["num_steps"])
         self.num_updates = int(state["num_updates"])

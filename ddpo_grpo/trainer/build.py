@@ -164,6 +164,9 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"compile_unet={config.compile_unet!r}; choose one of {COMPILE_MODES} ('' = off)")
     if config.mixed_precision not in ("no", "fp16", "bf16"):
         raise ConfigError(f"mixed_precision={config.mixed_precision!r}; choose 'no', 'fp16' or 'bf16'")
+    from .scale import check_engine
+
+    check_engine(config)  # FSDP1, DeepSpeed + reference swap / unfixed accumulation: refused here
     names = available_rewards()
     for name in config.reward.fns:
         if name not in names:
@@ -211,6 +214,9 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     lr_scheduler = get_scheduler("constant_with_warmup", optimizer,
                                  num_warmup_steps=t.lr_warmup_steps * accelerator.num_processes)
     unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    from .scale import after_prepare
+
+    after_prepare(accelerator, unet)  # FSDP2: parameters stay the sharded DTensors between forwards
     reference = None
     if t.beta > 0:
         reference = EMAReference(accelerator.unwrap_model(unet), alpha=t.reference_model_mixup_alpha,

@@ -93,7 +93,9 @@ def dump_debug(ctx, epoch: int, samples, rewards, adv) -> None:
     """Per-process record of what this process sampled, was rewarded and trained on, and a checksum of its
     weights after the update: lets a test check the multi-process bookkeeping from outside."""
     acc = ctx.accelerator
-    params = [p.detach().double() for p in acc.unwrap_model(ctx.unet).parameters()]
+    from .scale import full_tensor
+
+    params = [full_tensor(p.detach()).double() for p in acc.unwrap_model(ctx.unet).parameters()]  # FSDP2: whole
     record = {
         "rank": acc.process_index, "num_processes": acc.num_processes, "epoch": epoch,
         "keys": samples.keys.tolist(), "rewards": rewards.avg.tolist(), "advantages": adv.advantages.tolist(),

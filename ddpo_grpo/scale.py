@@ -1,0 +1,118 @@
+"""Sharded engines (FSDP2, DeepSpeed) as selected by `accelerate launch --config_file config/accelerate/*.yaml`:
+which one a launch picked, the combinations the trainer refuses at start (one ConfigError line), DTensor helpers
+for code that reads whole parameters, and a test-only switch that makes accelerate honour FSDP2 on CPU (gloo).
+
+accelerate 1.15 turns FSDP on only for GPU-like process groups (AcceleratorState sets DistributedType.FSDP in its
+MULTI_GPU/NPU/XPU/... branch); on CPU processes an FSDP launch silently runs DDP. torch's fully_shard itself runs
+on a CPU mesh over gloo, so `enable_fsdp_on_cpu()` (tests only) lets the trainer's FSDP2 path be exercised here.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .errors import ConfigError
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def engine() -> str:
+    """"deepspeed", "fsdp1", "fsdp2" or "ddp" (also single process), from the env accelerate launch sets."""
+    if _flag("ACCELERATE_USE_DEEPSPEED"):
+        return "deepspeed"
+    if _flag("ACCELERATE_USE_FSDP"):
+        return "fsdp2" if os.environ.get("FSDP_VERSION", "1") == "2" else "fsdp1"
+    return "ddp"
+
+
+def backward_calls_per_step(config):
+    """Backward calls the trainer makes per optimizer step, when fixed by the config (else None): each sample
+    trains round(T * timestep_fraction) steps, timesteps_per_call of them per call, train.gradient_accumulation_steps
+    micro-batches per step. Unknown with the auto probe (timesteps_per_call = 0) or min_step_std (columns chosen
+    from the sampled stds), and for the forward objectives."""
+    t, s = config.train, config.sample
+    if int(t.timesteps_per_call) <= 0 or t.min_step_std > 0 or t.get("objective", "grpo") != "grpo":
+        return None
+    T = int(s.sde_window_size) or int(s.num_steps)
+    T_train = max(1, int(round(T * t.timestep_fraction)))
+    return int(t.gradient_accumulation_steps) * math.ceil(T_train / min(int(t.timesteps_per_call), T_train))
+
+
+def check_engine(config) -> None:
+    """Combinations of launch engine and config that cannot work: one ConfigError line, before any model is loaded."""
+    eng = engine()
+    if eng == "fsdp1":
+        raise ConfigError("FSDP1 (fsdp_version: 1) is not supported: its flat parameters hide the names the EMA "
+                          "reference and LoRA rely on; set fsdp_version: 2 (config/accelerate/fsdp2.yaml)")
+    if eng != "deepspeed":
+        return
+    if config.train.beta > 0:
+        raise ConfigError(f"train.beta={config.train.beta} with DeepSpeed: the KL reference is swapped into the "
+                          "policy's parameters in place, which the DeepSpeed engine does not see (ZeRO-3 holds "
+                          "empty placeholders); use FSDP2 (config/accelerate/fsdp2.yaml) or DDP, or set train.beta=0")
+    want = backward_calls_per_step(config)
+    got = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    if want is None:
+        raise ConfigError("DeepSpeed steps its optimizer every deepspeed_config.gradient_accumulation_steps "
+                          "backward calls: fix that number with train.timesteps_per_call > 0, train.min_step_std=0 "
+                          "and train.objective='grpo'")
+    if got is not None and int(got) != want:
+        raise ConfigError(f"deepspeed_config.gradient_accumulation_steps={got} but the trainer makes {want} backward "
+                          f"calls per optimizer step (train.gradient_accumulation_steps x ceil(trained steps / "
+                          f"train.timesteps_per_call)); set gradient_accumulation_steps: {want}")
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly sharded) parameter: DTensor.full_tensor() (a collective: every process must
+    call it), anything else as is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`full` laid out like `ref`: this process's shard when ref is a DTensor, else full itself."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(ref, DTensor):
+        return full
+    return distribute_tensor(full.to(device=ref.device, dtype=ref.dtype), ref.device_mesh, ref.placements)
+
+
+def enable_fsdp_on_cpu() -> None:
+    """Tests only: make accelerate keep an FSDP plugin on CPU processes (gloo) instead of silently running DDP.
+    Call before the Accelerator is built; the launch must be an FSDP one (ACCELERATE_USE_FSDP=true)."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+    if getattr(original, "_fsdp_on_cpu", False):
+        return
+
+    def init(self, mixed_precision=None, cpu=False, dynamo_plugin=None, deepspeed_plugin=None, fsdp_plugin=None,
+             *args, **kwargs):
+        original(self, mixed_precision, cpu, dynamo_plugin, deepspeed_plugin, fsdp_plugin, *args, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type  # as accelerate does on GPU
+
+    init._fsdp_on_cpu = True
+    AcceleratorState.__init__ = init
+
+
+def after_prepare(accelerator, unet: torch.nn.Module) -> torch.nn.Module:
+    """Under FSDP2, make every group (the root included) reshard after each forward. accelerate leaves the root
+    unsharded between forwards (reshard_after_forward=None -> False for the root): its parameters would then be
+    plain unsharded copies, not the DTensors the optimizer, the EMA reference swap (in-place writes that the next
+    forward must all-gather) and gradient clipping hold. Costs one all-gather of the root's few tensors (conv_in,
+    time embedding, conv_out) per forward. A no-op for every other engine."""
+    if getattr(accelerator, "is_fsdp2", False):
+        unet.set_reshard_after_forward(True)
+    return unet
