@@ -9,14 +9,20 @@ For each image it POSTs to {base_url}/chat/completions
          {"type": "text", "text": <question built from the condition's prompt>}]}]}
 
 and parses the last "Final Score: x" in choices[0].message.content; the reward is x / 5 (x in [1, 5]
-gives 0.2..1). Requests run in a thread pool (`max_workers`), each with a `timeout` in seconds, and are
+gives 0.2..1). Requests run in one thread pool per reward fn, shared by all its calls, so at most
+`max_workers` requests are in flight however many batches are scored at once (the trainer scores each
+sampling batch in the background while the next one samples; reward.num_threads > 1 overlaps batches):
+the server (vLLM/SGLang batch concurrent requests themselves) sees a steady, bounded stream. Each request has
+a `timeout` in seconds, and is
 retried `retries` more times (sleeping `backoff` * 2^(attempt-1) s before attempt 1, 2, ...) on connection
 errors, timeouts, malformed responses, HTTP 408/409/425/429/5xx and (unless `retry_unparseable=False`)
 answers without a score; other HTTP errors (400, 401, 404, ...) fail at once. Only the standard library
 is used (urllib.request).
 
 A sample whose request finally fails or whose answer has no score is NOT scored 0: its score is NaN, so
-the reward computer marks it invalid, counts it and excludes it from training. Details per sample:
+the reward computer marks it invalid, counts it and excludes it from training. With `raise_if_all_fail=True`
+a call in which every request failed raises instead (a server that is down is not a bad batch), naming the
+URL, the attempts and the last error; the trainer stops every process with that line. Details per sample:
 `unifiedscore_failed` (1/0) and `unifiedscore_raw` (the parsed 1-5 score, NaN when failed).
 """
 from __future__ import annotations
@@ -31,8 +37,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -87,7 +94,7 @@ def make_unifiedscore(base_url: str = "http://127.0.0.1:30000/v1", model: str = 
                       timeout: float = 60.0, retries: int = 2, max_workers: int = 8,
                       api_key: Optional[str] = None, backoff: float = 0.5, max_tokens: int = 512,
                       question: str = DEFAULT_QUESTION, max_score: float = 5.0, upscale: int = 1,
-                      retry_unparseable: bool = True):
+                      retry_unparseable: bool = True, raise_if_all_fail: bool = False):
     """Reward fn: score images (B, 3, H, W) in [0, 1] with the scoring server; see the module docstring.
 
     `question` is formatted with the condition's prompt ({prompt}); `upscale` enlarges the PNG by an integer
@@ -115,8 +122,18 @@ def make_unifiedscore(base_url: str = "http://127.0.0.1:30000/v1", model: str = 
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
 
-    def ask(body: bytes) -> float:
-        """One sample: the parsed score, or NaN after all attempts failed."""
+    pool: list = []  # the fn's request pool, made on first use and shared by every call
+    pool_lock = threading.Lock()
+
+    def request_pool() -> ThreadPoolExecutor:
+        with pool_lock:
+            if not pool:
+                pool.append(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="unifiedscore"))
+            return pool[0]
+
+    def ask(body: bytes) -> Tuple[float, str]:
+        """One sample: (the parsed score, "") or (NaN, why the last attempt failed)."""
+        why = ""
         for attempt in range(retries + 1):
             if attempt:
                 time.sleep(backoff * 2 ** (attempt - 1))
@@ -130,17 +147,19 @@ def make_unifiedscore(base_url: str = "http://127.0.0.1:30000/v1", model: str = 
                 score = parse_final_score(content, max_score)
                 if score is None:
                     raise _Unparseable(content)
-                return score
+                return score, ""
             except urllib.error.HTTPError as e:
                 e.close()
+                why = f"HTTP {e.code}"
                 if e.code not in _RETRY_STATUS:
-                    return math.nan  # 4xx other than rate limits: retrying will not help
-            except _Unparseable:
+                    return math.nan, why  # 4xx other than rate limits: retrying will not help
+            except _Unparseable as e:
+                why = f"no 'Final Score' in the answer {str(e)[:80]!r}"
                 if not retry_unparseable:
-                    return math.nan
-            except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
-                pass  # timeouts, refused/reset connections, malformed JSON: retry
-        return math.nan
+                    return math.nan, why
+            except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError) as e:
+                why = f"{type(e).__name__}: {e}"  # timeouts, refused/reset connections, malformed JSON: retry
+        return math.nan, why
 
     def unifiedscore(images, prompts, metadata):
         x = image_batch(images, "unifiedscore")
@@ -156,10 +175,14 @@ def make_unifiedscore(base_url: str = "http://127.0.0.1:30000/v1", model: str = 
                                 max_tokens) for i in range(b)]
         raw = np.full(b, np.nan)
         todo = [i for i in range(b) if ok[i]]
+        whys = []
         if todo:
-            with ThreadPoolExecutor(max_workers=min(max_workers, len(todo))) as pool:
-                for i, s in zip(todo, pool.map(ask, [bodies[i] for i in todo])):
-                    raw[i] = s
+            for i, (s, why) in zip(todo, request_pool().map(ask, [bodies[i] for i in todo])):
+                raw[i] = s
+                whys.append(why)
+        if raise_if_all_fail and todo and not np.isfinite(raw[todo]).any():
+            raise RuntimeError(f"unifiedscore: all {len(todo)} requests to {url} failed after {retries + 1} "
+                               f"attempt(s) each; last error: {whys[-1]}")
         failed = ~np.isfinite(raw)
         scores = (raw / max_score).astype(np.float32)
         return scores, {"unifiedscore_failed": failed.astype(np.float32), "unifiedscore_raw": raw.astype(np.float32)}
