@@ -88,7 +88,7 @@ def _sd_shaped_unet():
     return UNet2DConditionModel(**cfg)
 
 
-@pytest.mark.parametrize("model", ["tiny-t2i", "tiny-flow", "sd-shaped"])
+@pytest.mark.parametrize("model", ["tiny-t2i", "tiny-flow", "tiny-recam", "sd-shaped"])
 def test_wrap_classes_exist_in_the_models(model):
     """accelerate stops with 'Could not find the transformer layer class' for a name missing from the model."""
     from ddpo_grpo.models import load_pipeline
