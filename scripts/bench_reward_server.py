@@ -95,7 +95,7 @@ def _sampler(args):
             time.sleep(args.sample_seconds)
             return torch.rand((args.requests // args.batches, 3, 32, 32), generator=torch.Generator().manual_seed(i))
         return fake
-    from ddpo_grpo.diffusers_patch.pipeline_with_logprob import encode_prompts
+    from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
     from ddpo_grpo.models import load_pipeline
 
     pipe = load_pipeline("tiny-t2i")
@@ -114,7 +114,7 @@ def _sampler(args):
 
 def run_epoch(args, server, workers: int, overlap: bool, sample) -> dict:
     from ddpo_grpo.rewards import RewardComputer
-    import ddpo_grpo.recam  # noqa: F401  (registers unifiedscore)
+    import ddpo_grpo.worlds.recam  # noqa: F401  (registers unifiedscore)
 
     server.reset()
     kwargs = {"unifiedscore": {"base_url": server.url, "max_workers": workers, "timeout": 30, "retries": 0}}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import ddpo_grpo.recam  # noqa: F401  (registers unifiedscore)
-from ddpo_grpo.recam.unifiedscore import make_unifiedscore
+import ddpo_grpo.worlds.recam  # noqa: F401  (registers unifiedscore)
+from ddpo_grpo.worlds.recam.unifiedscore import make_unifiedscore
 from ddpo_grpo.rewards import RewardComputer, RewardError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

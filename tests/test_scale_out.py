@@ -3,7 +3,7 @@ bundled and an SD-shaped UNet, the engine guards, and the trainer under FSDP2 on
 DDP on the same seeds, with exact resume from a sharded checkpoint.
 
 accelerate 1.15 runs FSDP only on GPU-like process groups; tests/fsdp_cpu_train.py keeps it on for CPU
-(ddpo_grpo.scale.enable_fsdp_on_cpu), so torch's fully_shard really shards the UNet over gloo here."""
+(ddpo_grpo.trainer.scale.enable_fsdp_on_cpu), so torch's fully_shard really shards the UNet over gloo here."""
 import glob
 import json
 import os
@@ -117,8 +117,8 @@ def _cfg(**train):
 
 
 def test_engine_guards(monkeypatch):
-    from ddpo_grpo.build import validate_config
-    from ddpo_grpo.scale import backward_calls_per_step, check_engine, engine
+    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.scale import backward_calls_per_step, check_engine, engine
 
     for k in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"):
         monkeypatch.delenv(k, raising=False)
@@ -168,7 +168,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 import sys; sys.path.insert(0, "tests")
 from helpers import tiny_unet
-from ddpo_grpo.reference import EMAReference
+from ddpo_grpo.core.reference import EMAReference
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:%d" % (29900 + os.getpid() % 97))
 plain, sharded = tiny_unet(), tiny_unet()
 for m in sharded.modules():

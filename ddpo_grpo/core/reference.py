@@ -19,8 +19,6 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
-from .scale import full_tensor, like
-
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP/accelerate and torch.compile wrappers
 
 
@@ -32,6 +30,22 @@ def _strip(name: str) -> str:
             if name.startswith(p):
                 name, changed = name[len(p):], True
     return name
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2-sharded (DTensor) one (a collective: every process calls it), else t."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _shard_like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`full` laid out like `ref`: this process's shard when ref is a DTensor, else full itself."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(ref, DTensor):
+        return full
+    return distribute_tensor(full.to(device=ref.device, dtype=ref.dtype), ref.device_mesh, ref.placements)
 
 
 def _is_adapter_param(name: str) -> bool:
@@ -164,7 +178,7 @@ class EMAReference:
         accelerate's save_state does) and counters."""
         return {"alpha": self.alpha, "update_freq": self.update_freq, "num_steps": self.num_steps,
                 "num_updates": self.num_updates,
-                "tensors": {n: full_tensor(t.detach()).cpu().clone() for n, t in self.tensors.items()}}
+                "tensors": {n: _whole(t.detach()).cpu().clone() for n, t in self.tensors.items()}}
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Load tensors and counters; names and shapes must match. alpha and update_freq are kept
@@ -177,6 +191,6 @@ class EMAReference:
             for n, t in self.tensors.items():
                 if tensors[n].shape != t.shape:
                     raise ValueError(f"{n}: saved shape {tuple(tensors[n].shape)} != {tuple(t.shape)}")
-                t.copy_(like(tensors[n], t))  # FSDP2: this process's shard of the saved whole tensor
+                t.copy_(_shard_like(tensors[n], t))  # FSDP2: this process's shard of the saved whole tensor
         self.num_steps = int(state["num_steps"])
         self.num_updates = int(state["num_updates"])

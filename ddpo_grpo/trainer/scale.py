@@ -1,6 +1,6 @@
 """Sharded engines (FSDP2, DeepSpeed) as selected by `accelerate launch --config_file config/accelerate/*.yaml`:
 which one a launch picked, the combinations the trainer refuses at start (one ConfigError line), DTensor helpers
-for code that reads whole parameters, and a test-only switch that makes accelerate honour FSDP2 on CPU (gloo).
+for code that reads whole parameters (core/reference.py has its own: core does not import the trainer), and a test-only switch that makes accelerate honour FSDP2 on CPU (gloo).
 
 accelerate 1.15 turns FSDP on only for GPU-like process groups (AcceleratorState sets DistributedType.FSDP in its
 MULTI_GPU/NPU/XPU/... branch); on CPU processes an FSDP launch silently runs DDP. torch's fully_shard itself runs
@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from .errors import ConfigError
+from ddpo_grpo.errors import ConfigError
 
 
 def _flag(name: str) -> bool:
@@ -72,15 +72,6 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """`full` laid out like `ref`: this process's shard when ref is a DTensor, else full itself."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if not isinstance(ref, DTensor):
-        return full
-    return distribute_tensor(full.to(device=ref.device, dtype=ref.dtype), ref.device_mesh, ref.placements)
 
 
 def enable_fsdp_on_cpu() -> None:
