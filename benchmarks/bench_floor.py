@@ -263,7 +263,7 @@ def pretrained_eval(config) -> Dict:
     from ddpo_grpo.trainer.build import build_context
     from ddpo_grpo.trainer.evaluation import evaluate
 
-    acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
+    acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision or None)
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)
         t0 = time.perf_counter()
@@ -290,7 +290,7 @@ def interleaved(config, rounds: int = 3) -> Dict:
     from ddpo_grpo.trainer.sampling import sample_epoch
     from ddpo_grpo.trainer.training import train_epoch
 
-    acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision)
+    acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision or None)
     floors, trainer = [], []  # floor() applies the CPU math settings before each round's trainer epoch
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)

@@ -17,7 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.save_freq = 20  # epochs between checkpoints (accelerate save_state, atomic); 0 = never
     config.num_checkpoint_limit = 3  # older checkpoints are deleted
     config.eval_freq = 10  # epochs between deterministic evaluations; 0 = never
-    config.mixed_precision = "no"  # "no" | "fp16" | "bf16" (through accelerate; logprob math stays fp32)
+    # "no" | "fp16" | "bf16" (through accelerate; logprob math stays fp32); "" = as launched (`accelerate launch
+    # --mixed_precision`, or the --config_file's setting; "no" without either).
+    config.mixed_precision = ""
     config.allow_tf32 = True
     # CPU: flush denormal floats to zero. The policy-gradient loss is ~1e-5, so backward passes carry gradients
     # deep in the denormal range, which x86 CPUs process many times slower (training measured 1.5x its floor).

@@ -60,7 +60,7 @@ def run(config):
     devices.check_process_count(device, devices.local_process_count(), devices.visible_accelerators(device))
     trackers = [t for t, on in (("wandb", config.logging.wandb), ("tensorboard", config.logging.tensorboard)) if on]
     # cpu=True (no GPU/NPU, or ACCELERATE_USE_CPU) is what makes accelerate form a gloo group across CPU processes.
-    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision, log_with=trackers or None,
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision or None, log_with=trackers or None,
                               project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
     devices.apply_cpu_settings(config, device)

@@ -133,6 +133,7 @@ def _config(name="tiny"):
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_adv_scale", 0.0)), "nft_adv_scale=0.0"),
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
+    (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.trainer.build import validate_config

@@ -162,8 +162,8 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
     if config.compile_unet not in COMPILE_MODES:
         raise ConfigError(f"compile_unet={config.compile_unet!r}; choose one of {COMPILE_MODES} ('' = off)")
-    if config.mixed_precision not in ("no", "fp16", "bf16"):
-        raise ConfigError(f"mixed_precision={config.mixed_precision!r}; choose 'no', 'fp16' or 'bf16'")
+    if config.mixed_precision not in ("", "no", "fp16", "bf16"):
+        raise ConfigError(f"mixed_precision={config.mixed_precision!r}; choose 'no', 'fp16', 'bf16' or '' (as launched)")
     from .scale import check_engine
 
     check_engine(config)  # FSDP1, DeepSpeed + reference swap / unfixed accumulation: refused here
