@@ -1,7 +1,7 @@
 from setuptools import find_packages, setup
 
 # ddpo_grpo/assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
-BUNDLED_MODELS = ("tiny-t2i", "tiny-flow", "tiny-recam")
+BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam")
 
 setup(
     name="ddpo_grpo",

@@ -36,11 +36,11 @@ def tiny():
     return config
 
 
-def demo():
-    """`make demo`: GRPO correcting a systematic error on conditions it never trains on. The bundled
-    `tiny-t2i-noisy` was pretrained on captions whose colour word is wrong half the time (as web captions are
-    wrong about what they show), so it often draws another colour; single-object conditions, 40 trained and 32
-    held out (docs/efficacy.md)."""
+def tiny_colour():
+    """An efficacy task with a known, systematic error: `tiny-t2i-noisy` was trained on captions whose colour word
+    is wrong half the time (as web captions are wrong about what they show), so it often draws another colour;
+    single-object conditions, 40 trained and 32 held out (held-out strict 0.32, pass@4 0.88 at the start). The
+    right correction is the same for every condition (docs/efficacy.md)."""
     config = tiny()
     config.pretrained.model = "tiny-t2i-noisy"
     config.data.objects = "single"
@@ -222,7 +222,7 @@ def sd15_random_bench():
 
 def get_config(name: str = "tiny"):
     configs = {
-        f.__name__: f for f in (tiny, demo, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
+        f.__name__: f for f in (tiny, tiny_colour, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
                                  aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny, sd15_random_bench)
     }
     if name not in configs:

@@ -12,6 +12,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 
 BUNDLED = {
     "tiny-t2i": "tiny-t2i",
+    "tiny-t2i-noisy": "tiny-t2i-noisy",  # tiny-t2i after noisy-colour captions: the efficacy task tiny_colour
     "tiny-flow": "tiny-flow",
     "tiny-recam": "tiny-recam",
 }
