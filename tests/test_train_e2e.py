@@ -102,12 +102,12 @@ def test_bad_config_fails_fast_with_one_line(tmp_path):
 
 def test_lora_with_ema_reference_kl_in_bf16(tmp_path):
     """peft LoRA adapters, KL to an EMA reference of the adapters only, bf16 autocast on the CPU."""
-    out = launch(tmp_path, "lora", epochs=2, extra=["--config.use_lora=True", "--config.lora_rank=4",
+    out = launch(tmp_path, "lora", epochs=1, extra=["--config.use_lora=True", "--config.lora_rank=4",
                                                      "--config.train.beta=0.05", "--config.train.kl_type=gaussian",
                                                      "--config.train.reference_model_mixup_alpha=0.5",
-                                                     "--config.mixed_precision=bf16", "--config.save_freq=2"])
-    line = [ln for ln in out.splitlines() if ln.startswith("epoch 1: reward")][0]
+                                                     "--config.mixed_precision=bf16", "--config.save_freq=1"])
+    line = [ln for ln in out.splitlines() if ln.startswith("epoch 0: reward")][0]
     kl = float(line.split(" kl ")[1].split()[0])
-    assert kl > 0  # the reference lags the adapters by the EMA
-    ckpt = load_file(str(tmp_path / "lora" / "checkpoints" / "checkpoint_00002" / "model.safetensors"))
+    assert kl > 0  # after the epoch's first optimizer step the reference lags the adapters by the EMA
+    ckpt = load_file(str(tmp_path / "lora" / "checkpoints" / "checkpoint_00001" / "model.safetensors"))
     assert any("lora" in k for k in ckpt)
