@@ -81,6 +81,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Optimizer steps of linear lr warmup from 0 (then constant). Without it Adam's first, full-size steps on
     # a noisy policy gradient can knock a small pretrained model's reward down for several epochs.
     config.train.lr_warmup_steps = 0
+    # After warmup: "constant", or a decay to 0 over the run's epochs, "cosine" or "linear" (per epoch, so that
+    # the last epochs take small steps and a run ends near its best instead of wherever the last steps left it).
+    config.train.lr_schedule = "constant"
     config.train.adam_beta1 = 0.9
     config.train.adam_beta2 = 0.999
     config.train.adam_weight_decay = 1e-4

@@ -134,6 +134,7 @@ def _config(name="tiny"):
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
     (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
+    (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.trainer.build import validate_config
@@ -142,6 +143,28 @@ def test_config_validation_errors(edit, msg):
     edit(c)
     with pytest.raises(ConfigError, match=msg):
         validate_config(c, num_processes=1)
+
+
+def test_lr_schedule_warmup_is_diffusers_and_decay_follows_the_epoch():
+    import math
+
+    from diffusers.optimization import get_scheduler
+
+    from ddpo_grpo.trainer.build import RunState, lr_factor
+
+    state = RunState()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = get_scheduler("constant_with_warmup", opt, num_warmup_steps=6).lr_lambdas[0]
+    const = lr_factor("constant", 6, 36, state)
+    assert [const(s) for s in range(12)] == [ref(s) for s in range(12)]  # the default is unchanged, bit for bit
+    cos, lin = lr_factor("cosine", 4, 36, state), lr_factor("linear", 0, 36, state)
+    assert cos(2) == 0.5 and cos(10) == 1.0 and lin(0) == 1.0  # epoch 0: warmup only
+    state.epoch = 9  # a quarter of the run
+    assert cos(100) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))  # 0.8536
+    assert cos(2) == pytest.approx(0.5 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert lin(100) == 0.75 and const(100) == 1.0
+    state.epoch = 35
+    assert 0 < cos(100) < 0.002 and lin(100) == pytest.approx(1 / 36)
 
 
 def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):

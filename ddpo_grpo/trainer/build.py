@@ -2,6 +2,7 @@
 bad input stops the run with one clear line before any model is loaded."""
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -135,6 +136,8 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"train.reference_model_mixup_alpha={t.reference_model_mixup_alpha} must be in [0, 1]")
     if t.lr_warmup_steps < 0:
         raise ConfigError(f"train.lr_warmup_steps={t.lr_warmup_steps} must be >= 0")
+    if t.get("lr_schedule", "constant") not in LR_SCHEDULES:
+        raise ConfigError(f"train.lr_schedule={t.lr_schedule!r}; choose one of {LR_SCHEDULES}")
     if int(t.timesteps_per_call) < 0:
         raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1, or 0 for auto")
     if t.objective not in OBJECTIVES:
@@ -179,6 +182,28 @@ def validate_config(config, num_processes: int) -> str:
     return family
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+def lr_factor(schedule: str, warmup_steps: int, num_epochs: int, state: RunState) -> Callable[[int], float]:
+    """The learning rate's factor at a scheduler step: linear warmup over `warmup_steps` steps (exactly diffusers'
+    constant_with_warmup), times a decay over the run's epochs read from `state.epoch` ("constant": none; "cosine":
+    1/2 (1 + cos(pi e / E)); "linear": 1 - e / E). The decay follows the epoch, not the step count, because how many
+    optimizer steps an epoch takes depends on the data (trained columns); a resumed run restores the epoch, so
+    it gets the same rates."""
+
+    def factor(step: int) -> float:
+        w = float(step) / float(max(1.0, warmup_steps)) if step < warmup_steps else 1.0
+        progress = min(max(state.epoch / max(num_epochs, 1), 0.0), 1.0)
+        if schedule == "cosine":
+            return w * 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "linear":
+            return w * (1.0 - progress)
+        return w
+
+    return factor
+
+
 def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
     """LoRA adapters (peft) or the full denoiser made trainable; returns AdamW over the trainable parameters."""
     if config.use_lora:
@@ -209,10 +234,9 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and
     # on a noisy policy gradient they knock the pretrained model down before the signal averages in.
     # accelerate steps a prepared scheduler once per process, hence the factor (as in diffusers' scripts).
-    from diffusers.optimization import get_scheduler
-
-    lr_scheduler = get_scheduler("constant_with_warmup", optimizer,
-                                 num_warmup_steps=t.lr_warmup_steps * accelerator.num_processes)
+    state = RunState()
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(
+        t.get("lr_schedule", "constant"), t.lr_warmup_steps * accelerator.num_processes, config.num_epochs, state))
     unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     from .scale import after_prepare
 
@@ -246,7 +270,6 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
                 cache[p] = encode_prompts(pipe.text_encoder, pipe.tokenizer, [p])[0]
         return torch.stack([cache[p] for p in prompts])
 
-    state = RunState()
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
     for obj in (state, stat_tracker) + ((reference,) if reference is not None else ()):
         accelerator.register_for_checkpointing(obj)
