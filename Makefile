@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-CONFIG ?= config/grpo.py:tiny
+CONFIG ?= config/grpo.py:tiny_colour_nft
 BIN := $(VENV)/bin
 # glibc returns freed activation buffers to the OS and faults them back in every step; keeping them
 # mapped makes CPU training faster (see the Performance section of the README).
