@@ -48,12 +48,10 @@ def proc_status_mb(field: str) -> Optional[float]:
 
 def stored_steps(config, family: str) -> int:
     """T of the trainer's EpochSamples: the stochastic steps it stores (and trains a fraction of)."""
+    from ddpo_grpo.core.families import get_family
+
     s = config.sample
-    if family == "flow" and s.sde_window_size:
-        return int(s.sde_window_size)
-    if family == "flow" and s.sde_type == "cps":
-        return int(s.num_steps) - 1
-    return int(s.num_steps)
+    return get_family(family).stored_steps(int(s.num_steps), s.sde_type, int(s.sde_window_size))
 
 
 def _autocast(config, device: str = "cpu"):
@@ -76,6 +74,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     counts and memory (on CUDA also the peak GPU memory, `cuda_peak_mb`)."""
     import torch
 
+    from ddpo_grpo.core.families import get_family
     from ddpo_grpo.trainer.build import make_trainable
     from ddpo_grpo.models import apply_unet_options, load_pipeline
     from ddpo_grpo.trainer.training import training_calls
@@ -98,10 +97,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     cfg_train = cfg and bool(t.cfg)
     C = unet.config.in_channels
     size = unet.config.sample_size if isinstance(unet.config.sample_size, int) else unet.config.sample_size[0]
-    if pipe.family == "flow":
-        pipe.scheduler.set_timesteps(T, device="cpu")
-    else:
-        pipe.scheduler.set_timesteps(T)
+    get_family(pipe.family).set_timesteps(pipe.scheduler, T)
     timesteps = pipe.scheduler.timesteps.to(device)
     with torch.no_grad():
         if pipe.text_encoder is not None:

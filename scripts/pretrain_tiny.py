@@ -27,10 +27,27 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ddpo_grpo.core.families import get_family  # noqa: E402
 from ddpo_grpo.models.tiny import (  # noqa: E402
     build_ddim_scheduler, build_flow_scheduler, build_text_encoder, build_tokenizer, build_unet, optimizer_step, save_model,
 )
 from ddpo_grpo.worlds.toyworld import COLORS, sample_training_batch, vocabulary  # noqa: E402
+
+
+def uniform_timestep_levels(n: int, n_train: int) -> torch.Tensor:
+    """(n,) noise levels u whose DDIM timestep floor(u * n_train) is uniform over the training timesteps. The
+    +0.5 keeps floor() on the drawn integer despite float rounding."""
+    return (torch.randint(0, n_train, (n,)) + 0.5) / n_train
+
+
+def logit_normal_levels(n: int, n_train: int) -> torch.Tensor:
+    """(n,) logit-normal sigmas, as in SD3: more weight on the middle of the path."""
+    return torch.sigmoid(torch.randn(n))
+
+
+# Per family: the scheduler of a fresh model and how pretraining draws noise levels (a choice of this script; the
+# forward process and the regression target at a level are the family's, ModelFamily.noised_and_target).
+PRETRAIN = {"ddim": (build_ddim_scheduler, uniform_timestep_levels), "flow": (build_flow_scheduler, logit_normal_levels)}
 
 
 def save(out: str, unet, text_encoder, tokenizer, scheduler, meta: dict) -> None:
@@ -39,7 +56,7 @@ def save(out: str, unet, text_encoder, tokenizer, scheduler, meta: dict) -> None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["ddim", "flow"], default="ddim")
+    ap.add_argument("--family", choices=list(PRETRAIN), default="ddim")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -68,7 +85,8 @@ def main() -> None:
         tokenizer = build_tokenizer(vocabulary(), tok_dir)
         text_encoder = build_text_encoder(len(tokenizer))
         unet = build_unet()
-        scheduler = build_ddim_scheduler() if args.family == "ddim" else build_flow_scheduler()
+        scheduler = PRETRAIN[args.family][0]()
+    family, draw_levels = get_family(args.family), PRETRAIN[args.family][1]
     colours = list(COLORS)
     params = list(unet.parameters()) + list(text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -87,18 +105,8 @@ def main() -> None:
                         truncation=True, return_tensors="pt").input_ids
         emb = text_encoder(ids)[0]
         noise = torch.randn_like(x0)
-        if args.family == "ddim":
-            t = torch.randint(0, scheduler.config.num_train_timesteps, (x0.shape[0],))
-            xt = scheduler.add_noise(x0, noise, t)
-            target = scheduler.get_velocity(x0, noise, t)
-            timestep = t
-        else:
-            # logit-normal sigmas, as in SD3, put more weight on the middle of the path
-            s = torch.sigmoid(torch.randn(x0.shape[0]))
-            sb = s.view(-1, 1, 1, 1)
-            xt = (1 - sb) * x0 + sb * noise
-            target = noise - x0
-            timestep = s * scheduler.config.num_train_timesteps
+        u = draw_levels(x0.shape[0], scheduler.config.num_train_timesteps)
+        xt, timestep, target = family.noised_and_target(scheduler, x0, noise, u)
         pred = unet(xt, timestep, encoder_hidden_states=emb).sample
         loss = F.mse_loss(pred, target)
         optimizer_step(loss, opt, sched, params)

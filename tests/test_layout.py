@@ -1,12 +1,14 @@
 """The package layout: the math in ddpo_grpo.core imports without accelerate; ddpo-pytorch's public paths still
-work; `import ddpo_grpo` stays light; the generic rewards package imports no world (worlds are plugins)."""
+work; `import ddpo_grpo` stays light; the generic rewards package imports no world (worlds are plugins); what
+differs between model families lives in ddpo_grpo.core.families alone."""
 import os
+import re
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = ("common", "ddim_with_logprob", "sde_with_logprob", "policy_step", "pipeline_with_logprob", "stat_tracking",
-        "loss", "reference", "forward_loss")
+        "loss", "reference", "forward_loss", "families")
 
 
 def run_py(code: str) -> subprocess.CompletedProcess:
@@ -61,3 +63,25 @@ def test_rewards_import_no_world_and_find_world_rewards_by_entry_point():
 def test_benchmarks_are_outside_the_library():
     assert not any(f.startswith("bench") for f in os.listdir(os.path.join(ROOT, "ddpo_grpo")))
     import benchmarks.bench_plots  # noqa: F401  (the repo root is on sys.path: tests/conftest.py)
+
+
+# `family == "flow"`, `pipe.family != 'ddim'`, `"ddim" == name`, `.name == "flow"`: a family decided by comparing names.
+FAMILY_COMPARISON = re.compile(r"""family\w*\s*[!=]=|[!=]=\s*[\w.]*family\b|[!=]=\s*["'](ddim|flow)["']|["'](ddim|flow)["']\s*[!=]=""")
+
+
+def test_family_comparisons_only_in_the_families_module():
+    # Call sites ask the family object (core.families.get_family) instead of branching on the family's name, so
+    # that a family's behaviour is in one place and a new family is one class.
+    assert FAMILY_COMPARISON.search('if settings.family == "flow":') and FAMILY_COMPARISON.search("x = 'ddim' != f")
+    assert FAMILY_COMPARISON.search("if fam.name != 'ddim'") and not FAMILY_COMPARISON.search('family = "ddim"')
+    found = []
+    for top in ("ddpo_grpo", "benchmarks", "scripts"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                path = os.path.join(folder, name)
+                if not name.endswith(".py") or path == os.path.join(ROOT, "ddpo_grpo", "core", "families.py"):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    found += [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}"
+                              for i, line in enumerate(f, 1) if FAMILY_COMPARISON.search(line)]
+    assert not found, "family decided by name outside ddpo_grpo/core/families.py:\n" + "\n".join(found)

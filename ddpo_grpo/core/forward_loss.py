@@ -17,40 +17,26 @@ Nothing here imports the training loop: the loop (training_forward.py) calls the
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Tuple, Union
 
 import numpy as np
 import torch
 
+from .families import ModelFamily, get_family
 from .stat_tracking import zero_spread
 
 OBJECTIVES = ("grpo", "raft", "nft")
 
 
-def noised_and_target(scheduler, family: str, x0: torch.Tensor, noise: torch.Tensor,
+def noised_and_target(scheduler, family: Union[str, ModelFamily], x0: torch.Tensor, noise: torch.Tensor,
                       u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward process at noise level u and the denoiser's regression target.
+    """The forward process at noise level u and the denoiser's regression target (ModelFamily.noised_and_target).
 
     x0, noise (N, C, H, W); u (N,) in [0, 1): 0 clean, 1 pure noise. Returns (x_t (N, C, H, W), the
     denoiser's timestep input (N,), target (N, C, H, W)). DDIM family: t = floor(u * num_train_timesteps),
     target epsilon / v / x0 by the scheduler's prediction_type. Flow family: x_t = (1 - s) x0 + s noise with
     s = u, target the velocity noise - x0 (what the bundled models were pretrained on)."""
-    n_train = scheduler.config.num_train_timesteps
-    if family == "flow":
-        s = u.view(-1, 1, 1, 1).to(x0.dtype)
-        return (1 - s) * x0 + s * noise, u * n_train, noise - x0
-    t = (u * n_train).long().clamp_(0, n_train - 1)
-    xt = scheduler.add_noise(x0, noise, t)
-    kind = scheduler.config.prediction_type
-    if kind == "v_prediction":
-        target = scheduler.get_velocity(x0, noise, t)
-    elif kind == "epsilon":
-        target = noise
-    elif kind == "sample":
-        target = x0
-    else:
-        raise ValueError(f"unsupported prediction_type {kind!r}")
-    return xt, t, target
+    return get_family(family).noised_and_target(scheduler, x0, noise, u)
 
 
 def best_of_group(keys: np.ndarray, rewards: np.ndarray, mask: np.ndarray, eps: float) -> np.ndarray:

@@ -12,9 +12,8 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
-from .ddim_with_logprob import ddim_step
-from .policy_step import SamplerSettings, denoiser_output, policy_step, predicted_x0
-from .sde_with_logprob import flow_ode_step
+from .families import get_family
+from .policy_step import SamplerSettings, denoiser_output, policy_step
 
 
 @dataclass
@@ -91,16 +90,13 @@ def pipeline_with_logprob(
         else:
             latents = torch.randn((B, *sample_shape), generator=generator)
         latents = latents.to(device)
-    if settings.family == "flow":
-        scheduler.set_timesteps(num_inference_steps, device="cpu")
-    else:
-        scheduler.set_timesteps(num_inference_steps)
-    if sde_window is not None and settings.family != "flow":
+    family = get_family(settings.family)
+    family.set_timesteps(scheduler, num_inference_steps)
+    if sde_window is not None and not family.supports_sde_window:
         raise ValueError("sde_window applies to flow-matching models only; DDIM trains every step")
     timesteps = scheduler.timesteps
-    n_stochastic = len(timesteps)
-    if settings.family == "flow" and settings.sde_type == "cps":
-        n_stochastic -= 1  # CPS has zero variance on the last step (sigma' = 0): it runs the ODE, untrained
+    # Steps past the stochastic ones (CPS's zero-variance last step) run the ODE and are not stored.
+    n_stochastic = family.stochastic_steps(len(timesteps), settings.sde_type)
     if sde_window is None:
         stored = range(len(timesteps)) if deterministic else range(n_stochastic)
     else:
@@ -122,8 +118,7 @@ def pipeline_with_logprob(
         else:
             out = denoiser_output(unet, latents, tt, prompt_embeds, negative_prompt_embeds,
                                   settings.guidance_scale, cond_channels)
-            new = (ddim_step(scheduler, out, tt, latents, eta=0.0) if settings.family == "ddim"
-                   else flow_ode_step(scheduler, out, idx, latents))
+            new = family.ode_step(scheduler, out, tt, idx, latents)
             if i in stored and deterministic:
                 if i == stored.start:
                     all_latents.append(latents)
@@ -133,7 +128,7 @@ def pipeline_with_logprob(
             # Column i-1's x̂0 is predicted from step i-1's *output* (this step's input): it is what the action
             # of step i-1 led to. The prediction from step i-1's own input would not depend on its action, and
             # a per-step advantage built from it would carry no signal for that step.
-            x0 = predicted_x0(settings.family, scheduler, out, tt, idx, x_in)
+            x0 = family.predicted_x0(scheduler, out, tt, idx, x_in)
             x0s.append(decode(vae, x0.to(latents.dtype)))
     if return_pred_x0 and len(timesteps) - 1 in stored:
         x0s.append(decode(vae, latents))  # the last step's output is the sample itself

@@ -12,8 +12,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from .ddim_with_logprob import ddim_step_with_logprob
-from .sde_with_logprob import sde_step_with_logprob
+from .families import ModelFamily, get_family
 
 
 @dataclass
@@ -27,7 +26,8 @@ class StepResult:
 
 @dataclass
 class SamplerSettings:
-    """How the policy steps. `eta` is for DDIM; `noise_level`/`sde_type` for flow models."""
+    """How the policy steps. `family` names the model family ("ddim" or "flow", see core.families); `eta` is
+    for DDIM; `noise_level`/`sde_type` for flow models."""
 
     family: str = "ddim"
     guidance_scale: float = 1.0
@@ -76,60 +76,33 @@ def policy_step(
 ) -> StepResult:
     """Forward + scheduler step with log-prob. timestep (N,) are the denoiser's timestep values;
     step_index (N,) index the scheduler's schedule (flow models read sigmas by index)."""
+    family = get_family(settings.family)  # an unknown name fails here, before the denoiser runs
     out = denoiser_output(unet, sample, timestep, embeds, neg_embeds, settings.guidance_scale, cond_channels)
-    if settings.family == "ddim":
-        prev, logp, mean, std = ddim_step_with_logprob(
-            scheduler, out, timestep, sample, eta=settings.eta, generator=generator,
-            prev_sample=prev_sample, return_mean_std=True,
-        )
-    elif settings.family == "flow":
-        prev, logp, mean, std = sde_step_with_logprob(
-            scheduler, out, step_index, sample, noise_level=settings.noise_level, prev_sample=prev_sample,
-            generator=generator, sde_type=settings.sde_type,
-        )
-    else:
-        raise ValueError(f"unknown model family {settings.family!r}; expected 'ddim' or 'flow'")
+    prev, logp, mean, std = family.step_with_logprob(scheduler, settings, out, timestep, step_index, sample,
+                                                     prev_sample=prev_sample, generator=generator)
     return StepResult(prev, logp, mean, std, out)
 
 
-def predicted_x0(family: str, scheduler, model_output: torch.Tensor, timestep: torch.Tensor,
+def predicted_x0(family: Union[str, ModelFamily], scheduler, model_output: torch.Tensor, timestep: torch.Tensor,
                  step_index: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
     """The denoiser's estimate of the clean sample x̂0 at this step, (N, C, H, W) float32.
 
-    DDIM: from epsilon / v / sample prediction with ᾱ_t. Flow: x̂0 = x − σ v.
+    model_output, sample (N, C, H, W); timestep (N,) denoiser timestep values; step_index (N,) schedule positions.
+    DDIM: from epsilon / v / sample prediction with ᾱ_t. Flow: x̂0 = x − σ v (ModelFamily.predicted_x0).
     """
-    x, out = sample.float(), model_output.float()
-    shape = (-1,) + (1,) * (x.ndim - 1)
-    if family == "flow":
-        sigma = scheduler.sigmas.to(x.device)[step_index.long().cpu()].float().view(shape)
-        return x - sigma * out
-    a = scheduler.alphas_cumprod.to(x.device)[timestep.long()].float().view(shape)
-    kind = scheduler.config.prediction_type
-    if kind == "epsilon":
-        return (x - (1 - a).sqrt() * out) / a.sqrt()
-    if kind == "v_prediction":
-        return a.sqrt() * x - (1 - a).sqrt() * out
-    if kind == "sample":
-        return out
-    raise ValueError(f"unsupported prediction_type {kind!r}")
+    return get_family(family).predicted_x0(scheduler, model_output, timestep, step_index, sample)
 
 
 def schedule_stds(scheduler, settings: SamplerSettings, num_steps: int, sample_shape=(1, 1, 1)) -> torch.Tensor:
     """The policy's std at each of the num_steps steps, (num_steps,): it depends on the schedule, eta / noise level
     and the step only, so it is read off one dummy step each (no model). inf where a step has no variance."""
-    if settings.family == "flow":
-        scheduler.set_timesteps(num_steps, device="cpu")
-    else:
-        scheduler.set_timesteps(num_steps)
+    family = get_family(settings.family)
+    family.set_timesteps(scheduler, num_steps)
     x = torch.zeros(1, *sample_shape)
     out = []
     for i, t in enumerate(scheduler.timesteps):
         try:
-            if settings.family == "flow":
-                std = sde_step_with_logprob(scheduler, x, i, x, noise_level=settings.noise_level,
-                                            sde_type=settings.sde_type)[3]
-            else:
-                std = ddim_step_with_logprob(scheduler, x, t, x, eta=settings.eta, return_mean_std=True)[3]
+            std = family.step_with_logprob(scheduler, settings, x, t, i, x)[3]
             out.append(float(std.reshape(-1)[0]))
         except ValueError:  # a zero-variance step (e.g. CPS's last): never stored nor trained
             out.append(0.0)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from diffusers import AutoencoderKL, DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
 from transformers import CLIPTextModel, CLIPTokenizer
+
+from ddpo_grpo.core.families import family_of_scheduler
 
 BUNDLED = {
     "tiny-t2i": "tiny-t2i",
@@ -71,8 +73,9 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
     """Load unet, text encoder, tokenizer, scheduler and optional VAE from a local folder, never the hub; or build
     a BUILT model ("sd15-random") at `resolution` pixels (0: its native size).
 
-    The scheduler class decides the family: FlowMatchEulerDiscreteScheduler -> "flow", anything else is
-    loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion checkpoints.
+    The scheduler class decides the family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler ->
+    "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
+    checkpoints.
     """
     if path_or_name in BUILT:
         from .sd15_random import NATIVE_RESOLUTION, build_sd15_random
@@ -81,10 +84,8 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
     path = resolve_model_path(path_or_name)
     kw = dict(local_files_only=True)
     sched_cfg = FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler", **kw)
-    if sched_cfg.get("_class_name") == "FlowMatchEulerDiscreteScheduler":
-        scheduler, family = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg), "flow"
-    else:
-        scheduler, family = DDIMScheduler.from_config(sched_cfg), "ddim"
+    family = family_of_scheduler(sched_cfg.get("_class_name"))
+    scheduler = family.scheduler_from_config(sched_cfg)
     unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=torch_dtype, **kw).to(device)
     text_encoder = tokenizer = vae = None
     if os.path.isdir(os.path.join(path, "text_encoder")):
@@ -96,7 +97,7 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
         if m is not None:
             m.requires_grad_(False)
             m.eval()
-    return LoadedPipeline(unet, text_encoder, tokenizer, scheduler, vae, family, path)
+    return LoadedPipeline(unet, text_encoder, tokenizer, scheduler, vae, family.name, path)
 
 
 UNET_ATTENTION = ("sdpa", "math")

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ddpo_grpo.core.families import family_of_scheduler, get_family
 from ddpo_grpo.core.forward_loss import OBJECTIVES
 from ddpo_grpo.core.sde_with_logprob import SDE_TYPES
 from ddpo_grpo.core.stat_tracking import STD_MODES
@@ -60,7 +61,7 @@ class RunContext:
 
 
 def model_family(config) -> str:
-    """The family from the model's scheduler config, read without loading weights."""
+    """The family name ("ddim", "flow") from the model's scheduler config, read without loading weights."""
     import json
 
     from ddpo_grpo.models import BUILT, ModelPathError, resolve_model_path
@@ -73,7 +74,7 @@ def model_family(config) -> str:
         raise ConfigError(f"pretrained.model: {e}") from None
     with open(os.path.join(path, "scheduler", "scheduler_config.json")) as f:
         cls = json.load(f).get("_class_name", "")
-    return "flow" if cls == "FlowMatchEulerDiscreteScheduler" else "ddim"
+    return family_of_scheduler(cls).name
 
 
 def check_resolution(config) -> None:
@@ -100,13 +101,7 @@ def validate_config(config, num_processes: int) -> str:
     s, t = config.sample, config.train
     family = model_family(config)
     check_resolution(config)
-    if family == "ddim" and s.eta <= 0:
-        raise ConfigError(f"sample.eta={s.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
-                          "use eta > 0 for training (evaluation uses eta=0 by itself)")
-    if family == "flow" and s.noise_level <= 0:
-        raise ConfigError(f"sample.noise_level={s.noise_level}: the flow ODE has no log-probability; use > 0")
-    if s.sde_window_size and family != "flow":
-        raise ConfigError("sample.sde_window_size applies to flow-matching models only; set it to 0")
+    get_family(family).check_sample_config(s)  # eta > 0 (DDIM), noise_level > 0 (flow), windows for flow only
     if s.sde_type not in SDE_TYPES:
         raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
     if s.sde_window_mode not in SDE_WINDOW_MODES:
@@ -114,7 +109,7 @@ def validate_config(config, num_processes: int) -> str:
     if s.sde_window_size < 0 or s.sde_window_size > s.num_steps:
         raise ConfigError(f"sample.sde_window_size={s.sde_window_size} must be in [0, num_steps={s.num_steps}]")
     if s.sde_window_size:  # 0: no window, every step is stochastic
-        room = stochastic_steps(config)  # the window lies within the stochastic steps
+        room = stochastic_steps(config, family)  # the window lies within the stochastic steps
         where = (f"sample.num_steps={s.num_steps}" if room == s.num_steps else
                  f"the {room} stochastic steps (sample.num_steps={s.num_steps}; sde_type='cps' runs the last one as ODE)")
         w, start = s.sde_window_size, s.sde_window_start

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings
 
@@ -39,10 +40,12 @@ class EpochSamples:
 SDE_WINDOW_MODES = ("fixed", "random", "sliding")
 
 
-def stochastic_steps(config) -> int:
+def stochastic_steps(config, family: str = "flow") -> int:
     """How many of the sample.num_steps steps are stochastic (and so trainable), the room an SDE window has:
-    all of them, but the last for sde_type "cps" (zero variance at sigma' = 0: it runs the ODE)."""
-    return config.sample.num_steps - (1 if config.sample.sde_type == "cps" else 0)
+    all of them, but the last for a flow model with sde_type "cps" (zero variance at sigma' = 0: it runs the ODE).
+    `family` defaults to "flow" because SDE windows are a flow-only option (validate_config refuses them for
+    DDIM), and this is the window's room."""
+    return get_family(family).stochastic_steps(config.sample.num_steps, config.sample.sde_type)
 
 
 def sde_window(config, epoch: int) -> Optional[tuple]:

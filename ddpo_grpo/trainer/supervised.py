@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ddpo_grpo.errors import ConfigError
-from ddpo_grpo.core.forward_loss import noised_and_target
+from ddpo_grpo.core.families import get_family
 
 
 def sup_weight(config, epoch: int) -> float:
@@ -31,6 +31,7 @@ class SupervisedLoss:
         if config.data.name != "toyworld":
             raise ConfigError("train.sup_weight > 0 needs pretraining data; it is available for data.name='toyworld'")
         self.config, self.pipe = config, pipe
+        self.family = get_family(pipe.family)  # the pretraining target: epsilon / v / x0 (DDIM), velocity (flow)
         self.rng = np.random.default_rng((config.seed, 17))
 
     def loss(self, unet, epoch: int) -> Optional[Tuple[torch.Tensor, float]]:
@@ -48,6 +49,6 @@ class SupervisedLoss:
             emb = encode_prompts(self.pipe.text_encoder, self.pipe.tokenizer, prompts)
         noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(int(self.rng.integers(2**62)))).to(device)
         u = torch.rand(x0.shape[0], device=device)
-        xt, t, target = noised_and_target(self.pipe.scheduler, self.pipe.family, x0, noise, u)
+        xt, t, target = self.family.noised_and_target(self.pipe.scheduler, x0, noise, u)
         raw = F.mse_loss(unet(xt, t, encoder_hidden_states=emb).sample.float(), target.float())
         return w * raw, float(raw)

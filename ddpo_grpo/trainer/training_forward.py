@@ -19,7 +19,8 @@ import torch
 from .advantages import EpochAdvantages
 from ddpo_grpo.core.policy_step import denoiser_output
 from ddpo_grpo.errors import ConfigError
-from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
+from ddpo_grpo.core.families import get_family
+from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, raft_loss
 from .sampling import EpochSamples
 from .training import zero_loss, optimizer_step, trainable_columns
 
@@ -58,6 +59,7 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
     n_levels = len(trainable_columns(samples, config))
     weight, r, n_chosen = sample_weights(config, adv, ctx.stat_tracker.eps, acc.process_index, N)
     x0 = final_x0(samples, ctx.pipe, config.sample.num_steps).float()
+    family = get_family(ctx.pipe.family)  # the forward process and its target
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     logs: Dict[str, List[float]] = defaultdict(list)
     logs["chosen_samples"].append(n_chosen)
@@ -80,8 +82,8 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
                 i = torch.from_numpy(rows[j])
                 sync = contextlib.nullcontext() if ci == len(chunk) - 1 else acc.no_sync(ctx.unet)
                 with sync:
-                    xt, t, target = noised_and_target(ctx.pipe.scheduler, ctx.pipe.family, x0[i].to(device),
-                                                      noise[j].to(device), u[j].to(device))
+                    xt, t, target = family.noised_and_target(ctx.pipe.scheduler, x0[i].to(device),
+                                                             noise[j].to(device), u[j].to(device))
                     with acc.autocast():
                         pred = denoiser_output(ctx.unet, xt, t, samples.embeds[i].to(device), None, 1.0,
                                                None if samples.cond_channels is None else samples.cond_channels[i].to(device))
@@ -113,8 +115,8 @@ def _old_predictions(ctx, samples, x0, rows, u, noise) -> torch.Tensor:
     for lo in range(0, len(rows), config.eval.batch_size):
         j = np.arange(lo, min(lo + config.eval.batch_size, len(rows)))
         i = torch.from_numpy(rows[j])
-        xt, t, _ = noised_and_target(ctx.pipe.scheduler, ctx.pipe.family, x0[i].to(device), noise[j].to(device),
-                                     u[j].to(device))
+        xt, t, _ = get_family(ctx.pipe.family).noised_and_target(ctx.pipe.scheduler, x0[i].to(device),
+                                                                 noise[j].to(device), u[j].to(device))
         with ctx.accelerator.autocast():
             out.append(denoiser_output(ctx.unet, xt, t, samples.embeds[i].to(device), None, 1.0,
                                        None if samples.cond_channels is None else samples.cond_channels[i].to(device)

@@ -1,0 +1,238 @@
+"""Model families: everything that differs between DDIM-style and flow-matching models, in one object each.
+
+A family answers the sampler's, the trainer's and the benchmarks' family-specific questions (how to set the
+schedule, how to take the stochastic step with its log-probability, the deterministic step, x̂0, which steps
+are stochastic, the forward-process regression target, which config values make sense), so that call sites
+ask `get_family(name)` instead of comparing family names. The math itself stays in the public step
+functions (`ddim_step_with_logprob`, `sde_step_with_logprob`, ...), which the families call unchanged.
+
+    DDIMFamily  "ddim": a UNet predicting epsilon / v / x0 with a DDIMScheduler; the DDIM eta > 0 step is
+                the policy (DDPO).
+    FlowFamily  "flow": a velocity model with a FlowMatchEulerDiscreteScheduler; a flow SDE ("sde" or
+                "cps", noise_level > 0) is the policy (Flow-GRPO), optionally inside an SDE window.
+
+Family names ("ddim", "flow") stay plain strings in data: LoadedPipeline.family, SamplerSettings.family,
+checkpoint metadata. Nothing here imports the trainer or accelerate.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+
+from ddpo_grpo.errors import ConfigError
+
+from .common import GeneratorLike
+from .ddim_with_logprob import ddim_step, ddim_step_with_logprob
+from .sde_with_logprob import flow_ode_step, sde_step_with_logprob
+
+# (prev_sample (N, C, H, W) in the sample's dtype, log_prob (N,) float32, mean (N, C, H, W) float32,
+#  std broadcastable to mean, float32)
+StepOutput = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class ModelFamily:
+    """What differs between model families. One stateless instance per family, from `get_family`.
+
+    Tensors: sample, model_output (N, C, H, W); timestep (N,) the denoiser's timestep values; step_index (N,)
+    long, positions in the scheduler's schedule. Both are passed to every per-step method because the two
+    families index their schedule differently (DDIM by timestep value, flow by position, to read sigmas), and
+    the caller has both at hand.
+    """
+
+    name: str = ""
+    scheduler_class_name: str = ""
+    # Whether a sample.sde_window (ODE outside it) applies: only a family whose deterministic and stochastic
+    # steps share marginals step by step can switch between them mid-trajectory.
+    supports_sde_window: bool = False
+
+    def set_timesteps(self, scheduler, num_steps: int) -> None:
+        """Set the scheduler's inference schedule of num_steps steps (scheduler.timesteps, (num_steps,))."""
+        raise NotImplementedError
+
+    def scheduler_from_config(self, scheduler_config: Dict[str, Any]):
+        """This family's diffusers scheduler built from a scheduler config dict (as `load_config` returns)."""
+        raise NotImplementedError
+
+    def step_with_logprob(self, scheduler, settings, model_output: torch.Tensor, timestep: torch.Tensor,
+                          step_index: torch.Tensor, sample: torch.Tensor, prev_sample: Optional[torch.Tensor] = None,
+                          generator: GeneratorLike = None) -> StepOutput:
+        """The policy's stochastic step and the log-probability of its action.
+
+        settings: a SamplerSettings (eta for DDIM; noise_level, sde_type for flow). prev_sample (N, C, H, W):
+        score this action instead of drawing one. Returns (prev_sample, log_prob (N,), mean, std), see StepOutput.
+        """
+        raise NotImplementedError
+
+    def ode_step(self, scheduler, model_output: torch.Tensor, timestep: torch.Tensor, step_index: torch.Tensor,
+                 sample: torch.Tensor) -> torch.Tensor:
+        """The deterministic step (evaluation; steps outside an SDE window): the next sample (N, C, H, W),
+        in sample's dtype."""
+        raise NotImplementedError
+
+    def predicted_x0(self, scheduler, model_output: torch.Tensor, timestep: torch.Tensor, step_index: torch.Tensor,
+                     sample: torch.Tensor) -> torch.Tensor:
+        """The denoiser's estimate of the clean sample x̂0 at this step, (N, C, H, W) float32."""
+        raise NotImplementedError
+
+    def noised_and_target(self, scheduler, x0: torch.Tensor, noise: torch.Tensor,
+                          u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The forward process at noise level u and the denoiser's regression target (supervised and
+        forward-process losses). x0, noise (N, C, H, W); u (N,) in [0, 1): 0 clean, 1 pure noise.
+        Returns (x_t (N, C, H, W), the denoiser's timestep input (N,), target (N, C, H, W))."""
+        raise NotImplementedError
+
+    def stochastic_steps(self, num_steps: int, sde_type: str) -> int:
+        """How many of the num_steps steps have a positive-variance policy step (and so can be stored and
+        trained); they are the first ones of the schedule."""
+        return num_steps
+
+    def stored_steps(self, num_steps: int, sde_type: str, window_size: int = 0) -> int:
+        """T, the number of steps a trajectory stores: the SDE window's size where the family takes one, else
+        every stochastic step."""
+        if window_size and self.supports_sde_window:
+            return int(window_size)
+        return int(self.stochastic_steps(num_steps, sde_type))
+
+    def check_sample_config(self, sample) -> None:
+        """Raise ConfigError with one clear line for sample.* values this family cannot train with
+        (sample: the config's `sample` section, read for eta, noise_level and sde_window_size)."""
+        if sample.sde_window_size and not self.supports_sde_window:
+            raise ConfigError("sample.sde_window_size applies to flow-matching models only; set it to 0")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class DDIMFamily(ModelFamily):
+    """DDIM-style models: noise / v / x0 prediction (scheduler.config.prediction_type) with a DDIMScheduler."""
+
+    name = "ddim"
+    scheduler_class_name = "DDIMScheduler"
+
+    def set_timesteps(self, scheduler, num_steps: int) -> None:
+        scheduler.set_timesteps(num_steps)
+
+    def scheduler_from_config(self, scheduler_config: Dict[str, Any]):
+        from diffusers import DDIMScheduler
+
+        return DDIMScheduler.from_config(scheduler_config)
+
+    def step_with_logprob(self, scheduler, settings, model_output, timestep, step_index, sample, prev_sample=None,
+                          generator=None) -> StepOutput:
+        # DDIM looks its alphas up by timestep value; step_index is not needed.
+        return ddim_step_with_logprob(scheduler, model_output, timestep, sample, eta=settings.eta, generator=generator,
+                                      prev_sample=prev_sample, return_mean_std=True)
+
+    def ode_step(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
+        return ddim_step(scheduler, model_output, timestep, sample, eta=0.0)
+
+    def predicted_x0(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
+        # From x_t = sqrt(ᾱ_t) x0 + sqrt(1 - ᾱ_t) ε and the prediction type; no clipping (unlike the DDIM step),
+        # so that x̂0 shows what the model predicts.
+        x, out = sample.float(), model_output.float()
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        a = scheduler.alphas_cumprod.to(x.device)[timestep.long()].float().view(shape)
+        kind = scheduler.config.prediction_type
+        if kind == "epsilon":
+            return (x - (1 - a).sqrt() * out) / a.sqrt()
+        if kind == "v_prediction":
+            return a.sqrt() * x - (1 - a).sqrt() * out
+        if kind == "sample":
+            return out
+        raise ValueError(f"unsupported prediction_type {kind!r}")
+
+    def noised_and_target(self, scheduler, x0, noise, u):
+        # t = floor(u * num_train_timesteps): u spreads uniformly over the training timesteps; the target is
+        # what the model was pretrained to predict (epsilon / v / x0).
+        n_train = scheduler.config.num_train_timesteps
+        t = (u * n_train).long().clamp_(0, n_train - 1)
+        xt = scheduler.add_noise(x0, noise, t)
+        kind = scheduler.config.prediction_type
+        if kind == "v_prediction":
+            target = scheduler.get_velocity(x0, noise, t)
+        elif kind == "epsilon":
+            target = noise
+        elif kind == "sample":
+            target = x0
+        else:
+            raise ValueError(f"unsupported prediction_type {kind!r}")
+        return xt, t, target
+
+    def check_sample_config(self, sample) -> None:
+        if sample.eta <= 0:
+            raise ConfigError(f"sample.eta={sample.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
+                              "use eta > 0 for training (evaluation uses eta=0 by itself)")
+        super().check_sample_config(sample)
+
+
+class FlowFamily(ModelFamily):
+    """Flow-matching (rectified flow) models: velocity prediction with a FlowMatchEulerDiscreteScheduler."""
+
+    name = "flow"
+    scheduler_class_name = "FlowMatchEulerDiscreteScheduler"
+    supports_sde_window = True  # the ODE and the SDE steps share the path's marginals (Flow-GRPO-Fast, MixGRPO)
+
+    def set_timesteps(self, scheduler, num_steps: int) -> None:
+        # sigmas on the CPU: the steps index them with CPU step indices.
+        scheduler.set_timesteps(num_steps, device="cpu")
+
+    def scheduler_from_config(self, scheduler_config: Dict[str, Any]):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(scheduler_config)
+
+    def step_with_logprob(self, scheduler, settings, model_output, timestep, step_index, sample, prev_sample=None,
+                          generator=None) -> StepOutput:
+        # The flow step reads sigmas[i] and sigmas[i + 1] by position; the timestep value is not needed.
+        return sde_step_with_logprob(scheduler, model_output, step_index, sample, noise_level=settings.noise_level,
+                                     prev_sample=prev_sample, generator=generator, sde_type=settings.sde_type)
+
+    def ode_step(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
+        return flow_ode_step(scheduler, model_output, step_index, sample)
+
+    def predicted_x0(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
+        # x_σ = (1 - σ) x0 + σ x1 and v = x1 - x0  =>  x0 = x_σ - σ v.
+        x, out = sample.float(), model_output.float()
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        sigma = scheduler.sigmas.to(x.device)[step_index.long().cpu()].float().view(shape)
+        return x - sigma * out
+
+    def noised_and_target(self, scheduler, x0, noise, u):
+        # x_t = (1 - s) x0 + s noise with s = u; the target is the velocity noise - x0 (what the bundled models
+        # were pretrained on); the timestep input is s on the scheduler's training scale.
+        n_train = scheduler.config.num_train_timesteps
+        s = u.view(-1, 1, 1, 1).to(x0.dtype)
+        return (1 - s) * x0 + s * noise, u * n_train, noise - x0
+
+    def stochastic_steps(self, num_steps: int, sde_type: str) -> int:
+        # CPS has zero variance on the last step (sigma' = 0): it runs the ODE and is neither stored nor trained.
+        return num_steps - (1 if sde_type == "cps" else 0)
+
+    def check_sample_config(self, sample) -> None:
+        if sample.noise_level <= 0:
+            raise ConfigError(f"sample.noise_level={sample.noise_level}: the flow ODE has no log-probability; use > 0")
+        super().check_sample_config(sample)
+
+
+FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in (DDIMFamily(), FlowFamily())}
+
+
+def get_family(family: Union[str, ModelFamily]) -> ModelFamily:
+    """The family object for a family name ("ddim", "flow"); a ModelFamily is returned as is.
+    Raises ValueError naming the known families for anything else."""
+    if isinstance(family, ModelFamily):
+        return family
+    try:
+        return FAMILIES[family]
+    except (KeyError, TypeError):
+        known = " or ".join(repr(n) for n in FAMILIES)
+        raise ValueError(f"unknown model family {family!r}; expected {known}") from None
+
+
+def family_of_scheduler(class_name: Optional[str]) -> ModelFamily:
+    """The family of a checkpoint, from its scheduler's class name (scheduler_config.json's `_class_name`):
+    flow-matching for FlowMatchEulerDiscreteScheduler; anything else is loaded as DDIM, as DDPO does for Stable
+    Diffusion checkpoints (PNDM, Euler, ... share DDIM's noise schedule config)."""
+    flow = FAMILIES["flow"]
+    return flow if class_name == flow.scheduler_class_name else FAMILIES["ddim"]
