@@ -124,20 +124,16 @@ def sample_with_noise(pipe, settings, num_steps: int, prompt: str, x_T, z, stoch
     import torch
 
     from ddpo_grpo.core.pipeline_with_logprob import decode, encode_prompts
-    from ddpo_grpo.core.ddim_with_logprob import ddim_step
+    from ddpo_grpo.core.families import get_family
     from ddpo_grpo.core.policy_step import denoiser_output, policy_step
-    from ddpo_grpo.core.sde_with_logprob import flow_ode_step
 
     R = x_T.shape[0]
     with torch.no_grad():
         emb = encode_prompts(pipe.text_encoder, pipe.tokenizer, [prompt] * R)
         neg = (encode_prompts(pipe.text_encoder, pipe.tokenizer, [""] * R)
                if settings.guidance_scale != 1.0 else None)
-        sched = pipe.scheduler
-        if settings.family == "flow":
-            sched.set_timesteps(num_steps, device="cpu")
-        else:
-            sched.set_timesteps(num_steps)
+        sched, family = pipe.scheduler, get_family(settings.family)
+        family.set_timesteps(sched, num_steps)
         x = x_T
         for i, t in enumerate(sched.timesteps):
             tt, idx = t.expand(R), torch.full((R,), i, dtype=torch.long)
@@ -146,7 +142,7 @@ def sample_with_noise(pipe, settings, num_steps: int, prompt: str, x_T, z, stoch
                 x = (res.mean + res.std * z[:, i]).to(x_T.dtype)
             else:  # a zero-variance step (flow CPS's last): the ODE, as the sampler runs it
                 out = denoiser_output(pipe.unet, x, tt, emb, neg, settings.guidance_scale)
-                x = ddim_step(sched, out, tt, x, eta=0.0) if settings.family == "ddim" else flow_ode_step(sched, out, idx, x)
+                x = family.ode_step(sched, out, tt, idx, x)
         return decode(pipe.vae, x)
 
 
