@@ -88,13 +88,12 @@ def measure(config, num_conditions: int, redraws: int) -> dict:
         xs, zs = [x_T], [z]
         for col in range(n_cols):
             for _ in range(redraws):
-                zz = z.clone()
-                x0 = x_T
+                zz, start = z.clone(), x_T
                 if col < len(stochastic):
                     zz[:, stochastic[col]] = torch.randn((1, *shape), generator=g)
                 else:
-                    x0 = torch.randn((1, *shape), generator=g)
-                xs.append(x0)
+                    start = torch.randn((1, *shape), generator=g)
+                xs.append(start)
                 zs.append(zz)
         images = sample_with_noise(pipe, settings, s.num_steps, item["prompt"], torch.cat(xs), torch.cat(zs), stochastic)
         meta = [{k: v for k, v in item.items() if k != "cond_image"}] * len(images)
