@@ -68,3 +68,10 @@ def run_side_by_side(jobs: Sequence[Dict], timeout: float = 600) -> List[subproc
 
     with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         return list(pool.map(run, jobs))
+
+
+def selected_params(request, values: Sequence[str]) -> List[str]:
+    """The values of a parametrized test in the requesting fixture's module that this session will run (node ids
+    ending in [value]), so that a module fixture running all of them side by side runs only those under -k."""
+    return [v for v in values if any(getattr(item, "module", None) is request.module and item.nodeid.endswith(f"[{v}]")
+                                     for item in request.session.items)]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ddpo_grpo.core.stat_tracking import ZERO_SPREAD_EPS, column_std, zero_spread
-from helpers import reward_plugin, run_side_by_side
+from helpers import reward_plugin, run_side_by_side, selected_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = '''
@@ -38,8 +38,7 @@ MODES = ["broadcast", "x0", "x0_gain"]
 def runs(request, tmp_path_factory, plugin_path):
     """{mode: (finished trainer process, its run folder)} for the modes this session runs, trained side by side (one
     single-threaded process each)."""
-    modes = [m for m in MODES if any(getattr(item, "module", None) is request.module and item.nodeid.endswith(f"[{m}]")
-                                     for item in request.session.items)]
+    modes = selected_params(request, MODES)
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1",
                PYTHONPATH=plugin_path + os.pathsep + os.environ.get("PYTHONPATH", ""))
     jobs, dirs = [], []
