@@ -1,7 +1,10 @@
-"""Small models for tests (built in memory, random weights, seeded) and the launch line of multi-process runs."""
+"""Small models for tests (built in memory, random weights, seeded), the launch line of multi-process runs, and
+independent subprocesses run side by side."""
 import os
+import subprocess
 import sys
-from typing import List
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Sequence
 
 import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
@@ -53,3 +56,22 @@ def reward_plugin(folder, name: str, source: str) -> str:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-reward\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[ddpo_grpo.rewards]\n{name} = {name}_reward:make\n")
     return str(folder)
+
+
+def run_side_by_side(jobs: Sequence[Dict], timeout: float = 600) -> List[subprocess.CompletedProcess]:
+    """subprocess.run(**job, capture_output=True, text=True) for each job, up to one per CPU core at a time; results in
+    the jobs' order. For independent single-threaded children (OMP_NUM_THREADS=1, one process each): one at a time
+    they leave every other core idle, so on a 2-core machine two side by side take about the time of one. Each
+    test still asserts on its own child's result."""
+    def run(job):
+        return subprocess.run(**job, capture_output=True, text=True, timeout=timeout)
+
+    with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        return list(pool.map(run, jobs))
+
+
+def selected_params(request, values: Sequence[str]) -> List[str]:
+    """The values of a parametrized test in the requesting fixture's module that this session will run (node ids
+    ending in [value]), so that a module fixture running all of them side by side runs only those under -k."""
+    return [v for v in values if any(getattr(item, "module", None) is request.module and item.nodeid.endswith(f"[{v}]")
+                                     for item in request.session.items)]

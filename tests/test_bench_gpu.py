@@ -2,25 +2,27 @@
 the child so that the refusal is tested on GPU machines too. (A CPU run of one point takes ~2 min: two SD-sized
 model builds and four epochs; it was run by hand, see the README.)"""
 import os
-import subprocess
 import sys
+
+from helpers import run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
 
 
-def bench(*args):
-    return subprocess.run([sys.executable, "scripts/bench_gpu.py", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=300)
+def bench(*arg_lists):
+    """scripts/bench_gpu.py once per argument list, side by side (independent single-threaded processes)."""
+    return run_side_by_side([dict(args=[sys.executable, "scripts/bench_gpu.py", *args], cwd=ROOT, env=ENV)
+                             for args in arg_lists], timeout=300)
 
 
 def test_dry_run_plans_the_grid_and_validates_every_config():
-    p = bench("--dry-run")
+    p, p2 = bench(["--dry-run"], ["--dry-run", "--batch-sizes", "8", "--cfg", "on", "--modes", "full", "--switches", "all"])
     assert p.returncode == 0, p.stderr[-2000:]
     # 2 modes x 3 batch sizes x CFG off/on, no switches
     assert "plan: 12 points on cpu at 512 px: lora/B4/cfg-off/none, lora/B4/cfg-on/none, lora/B8/cfg-off/none" in p.stdout
     assert "full/B16/cfg-on/none" in p.stdout
-    p = bench("--dry-run", "--batch-sizes", "8", "--cfg", "on", "--modes", "full", "--switches", "all")
+    p = p2
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().endswith("full/B8/cfg-on/none, full/B8/cfg-on/attention_math, full/B8/cfg-on/channels_last, "
                                      "full/B8/cfg-on/grad_ckpt, full/B8/cfg-on/stack4, full/B8/cfg-on/compile")
@@ -34,8 +36,7 @@ def test_refusals_are_one_line_exit_2():
         (("--dry-run", "--modes", "qlora"), "error: --modes 'qlora': choose from lora, full"),
         (("--dry-run", "--resolution", "100"), "error: B=4 cfg=False lora none: pretrained.resolution: resolution 100"),
     ]
-    for args, start in cases:
-        p = bench(*args)
+    for (args, start), p in zip(cases, bench(*(args for args, _ in cases))):
         assert p.returncode == 2, (args, p.stderr[-2000:])
         assert p.stderr.strip().splitlines()[-1].startswith(start), (args, p.stderr[-500:])
         assert "Traceback" not in p.stderr

@@ -1,7 +1,6 @@
 """Forward-process objectives (train.objective raft / nft) and pass@k: exact values by hand, and the trainer
 end to end with each objective."""
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 
 from ddpo_grpo.trainer.evaluation import pass_at_k, passed
 from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
-from helpers import ddim_scheduler, flow_scheduler
+from helpers import ddim_scheduler, flow_scheduler, run_side_by_side, selected_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,16 +75,31 @@ def test_pass_at_k_by_hand():
     assert passed(np.array([1.0, 0.9]), {}).tolist() == [True, False]
 
 
-@pytest.mark.parametrize("objective", ["raft", "nft"])
-def test_trainer_runs_each_forward_objective(tmp_path, objective):
-    cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=1",
-           f"--config.logdir={tmp_path}", "--config.run_name=r", f"--config.train.objective={objective}",
-           "--config.sample.num_steps=4", "--config.sample.batch_size=8", "--config.sample.num_batches_per_epoch=2",
-           "--config.sample.k=4", "--config.train.batch_size=8", "--config.eval_freq=1", "--config.eval.num_samples=8",
-           "--config.eval.pass_at_k=2", "--config.logging.wandb=False", "--config.logging.image_freq=0",
-           "--config.save_freq=0"]
+OBJECTIVES = ["raft", "nft"]
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(request, tmp_path_factory):
+    """{objective: finished trainer process} for the objectives this session runs, side by side (one single-threaded
+    process each)."""
+    objectives = selected_params(request, OBJECTIVES)
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    jobs = []
+    for objective in objectives:
+        cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=1",
+               f"--config.logdir={tmp_path_factory.mktemp(objective)}", "--config.run_name=r",
+               f"--config.train.objective={objective}",
+               "--config.sample.num_steps=4", "--config.sample.batch_size=8", "--config.sample.num_batches_per_epoch=2",
+               "--config.sample.k=4", "--config.train.batch_size=8", "--config.eval_freq=1", "--config.eval.num_samples=8",
+               "--config.eval.pass_at_k=2", "--config.logging.wandb=False", "--config.logging.image_freq=0",
+               "--config.save_freq=0"]
+        jobs.append(dict(args=cmd, cwd=ROOT, env=env))
+    return dict(zip(objectives, run_side_by_side(jobs)))
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_trainer_runs_each_forward_objective(trainer_runs, objective):
+    p = trainer_runs[objective]
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "GRPO check: 16 samples = 4 conditions x k=4 (exact)" in p.stdout
     assert "pass_at_2" in p.stdout and "epoch 0: reward" in p.stdout

@@ -7,20 +7,19 @@ import subprocess
 import sys
 
 import numpy as np
-from helpers import cpu_env, launch_cmd
+from helpers import cpu_env, launch_cmd, run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = cpu_env()
 
 
 def test_recam_geometry_dry_run_for_8_processes():
-    p = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:recam", "--config.dry_run=True"],
-                       cwd=ROOT, env=dict(ENV, WORLD_SIZE="8"), capture_output=True, text=True, timeout=120)
+    dry = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:recam", "--config.dry_run=True"]
+    env = dict(ENV, WORLD_SIZE="8")
+    p, bad = run_side_by_side([dict(args=dry, cwd=ROOT, env=env),
+                               dict(args=dry + ["--config.sample.k=3"], cwd=ROOT, env=env)], timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "8 processes x 2 x 4 = 64 samples/epoch, k=4" in p.stdout
-    bad = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:recam", "--config.dry_run=True",
-                          "--config.sample.k=3"], cwd=ROOT, env=dict(ENV, WORLD_SIZE="8"), capture_output=True,
-                         text=True, timeout=120)
     assert bad.returncode == 2 and "= 64 is not divisible by sample.k=3" in bad.stderr
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from ddpo_grpo.trainer.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
 from ddpo_grpo.errors import ConfigError
-from helpers import cpu_env, launch_cmd, reward_plugin
+from helpers import cpu_env, launch_cmd, reward_plugin, run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
@@ -45,7 +45,8 @@ def plugin_path(tmp_path_factory):
     return reward_plugin(tmp_path_factory.mktemp("plugin"), "flaky", PLUGIN)
 
 
-def train(tmp, plugin_path, mode, nproc=1, epochs=1):
+def train_job(tmp, plugin_path, mode, nproc=1, epochs=1):
+    """subprocess.run arguments of one trainer run with the flaky reward in `mode`."""
     # One process runs the script directly, so its own exit code (2 for a clear error) is what we see;
     # accelerate launch reports any child failure as 1.
     cmd = launch_cmd(nproc, 29600) if nproc > 1 else [sys.executable]
@@ -53,25 +54,47 @@ def train(tmp, plugin_path, mode, nproc=1, epochs=1):
             f"--config.logdir={tmp}", "--config.run_name=r", "--config.reward.fns={'flaky': 1.0}",
             f"--config.reward.kwargs={{'flaky': {{'mode': '{mode}'}}}}", *SMALL]
     env = cpu_env(PYTHONPATH=plugin_path + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return dict(args=cmd, cwd=ROOT, env=env)
 
 
-def test_nan_rewards_are_excluded_counted_and_training_continues(tmp_path, plugin_path):
-    p = train(tmp_path, plugin_path, "nan", epochs=2)
+def train(tmp, plugin_path, mode, nproc=1, epochs=1):
+    return subprocess.run(**train_job(tmp, plugin_path, mode, nproc, epochs), capture_output=True, text=True,
+                          timeout=600)
+
+
+# test -> (reward mode, epochs) of its single-process run
+SINGLE = {"test_nan_rewards_are_excluded_counted_and_training_continues": ("nan", 2),
+          "test_mostly_invalid_rewards_stop_with_a_clear_message": ("nan_all", 1),
+          "test_raising_plugin_is_named": ("raise", 1)}
+
+
+@pytest.fixture(scope="module")
+def single_runs(request, tmp_path_factory, plugin_path):
+    """{reward mode: finished process} of the single-process runs of the tests this session runs, side by side (one
+    single-threaded process each)."""
+    tests = [item.originalname for item in request.session.items
+             if getattr(item, "module", None) is request.module and item.originalname in SINGLE]
+    modes = {SINGLE[t] for t in tests}
+    jobs = {mode: train_job(tmp_path_factory.mktemp(mode), plugin_path, mode, epochs=epochs) for mode, epochs in modes}
+    return dict(zip(jobs, run_side_by_side(list(jobs.values()))))
+
+
+def test_nan_rewards_are_excluded_counted_and_training_continues(single_runs):
+    p = single_runs["nan"]
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout + p.stderr
     assert "invalid rewards 4 excluded" in out  # 8 samples, scores[::3] NaN in each batch of 4: 2 per batch
     assert "epoch 1:" in out and "done in" in out
 
 
-def test_mostly_invalid_rewards_stop_with_a_clear_message(tmp_path, plugin_path):
-    p = train(tmp_path, plugin_path, "nan_all")
+def test_mostly_invalid_rewards_stop_with_a_clear_message(single_runs):
+    p = single_runs["nan_all"]
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith("error: 8 of 8 rewards this epoch are invalid")
 
 
-def test_raising_plugin_is_named(tmp_path, plugin_path):
-    p = train(tmp_path, plugin_path, "raise")
+def test_raising_plugin_is_named(single_runs):
+    p = single_runs["raise"]
     assert p.returncode == 2
     assert "error: reward 'flaky' failed: RuntimeError: the reward server is down" in p.stderr
     assert "Traceback" not in p.stderr

@@ -94,12 +94,13 @@ def test_wrap_classes_exist_in_the_models(model):
     from ddpo_grpo.models import load_pipeline
 
     unet = _sd_shaped_unet() if model == "sd-shaped" else load_pipeline(model).unet
-    for name in _wrap_names():
+    names = _wrap_names()  # once: it reads every config file (calling it per module took ~20 s on the SD layout)
+    for name in names:
         cls = get_module_class_from_name(unet, name)
         assert cls is not None, f"{name} not in {model}"
         assert sum(isinstance(m, cls) for m in unet.modules()) >= 1
     # wrapped blocks hold most of the weights: the root keeps only conv_in/out, time embedding and norms
-    blocks = [m for m in unet.modules() if type(m).__name__ in _wrap_names()]
+    blocks = [m for m in unet.modules() if type(m).__name__ in names]
     inside = sum(p.numel() for b in blocks for p in b.parameters())
     assert inside / sum(p.numel() for p in unet.parameters()) > 0.7
 
@@ -240,10 +241,12 @@ def _dumps(run_dir, epoch):
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scale")
     _run(tmp, "ddp", 2, fsdp=False)
-    _run(tmp, "fsdp", 2, fsdp=True)
-    _run(tmp, "fsdp_resumed", 1, fsdp=True)
-    out = _run(tmp, "fsdp_resumed", 2, fsdp=True, extra=[f"--config.resume_from={tmp / 'fsdp_resumed'}"])
-    assert "resumed from" in out
+    _run(tmp, "fsdp", 2, fsdp=True)  # uninterrupted; it also leaves the sharded checkpoint of epoch 0 to resume from
+    # Epoch 1 again, resumed from that checkpoint into a run of its own: it must repeat "fsdp"'s epoch 1 exactly.
+    # (A separate 1-epoch run to make the checkpoint would only repeat "fsdp"'s epoch 0, a launch for no check.)
+    ckpt = tmp / "fsdp" / "checkpoints" / "checkpoint_00001"
+    out = _run(tmp, "fsdp_resumed", 2, fsdp=True, extra=[f"--config.resume_from={ckpt}"])
+    assert f"resumed from {ckpt} at epoch 1" in out
     return tmp
 
 
@@ -266,6 +269,8 @@ def test_fsdp2_two_processes_match_ddp(runs):
 
 
 def test_fsdp2_resume_is_exact(runs):
-    assert (runs / "fsdp_resumed" / "checkpoints" / "checkpoint_00001" / "custom_checkpoint_2.pkl").exists()  # EMA
-    for epoch in (0, 1):
-        assert _dumps(runs / "fsdp", epoch) == _dumps(runs / "fsdp_resumed", epoch)  # rewards, advantages, weights
+    assert (runs / "fsdp" / "checkpoints" / "checkpoint_00001" / "custom_checkpoint_2.pkl").exists()  # EMA
+    assert not _dumps(runs / "fsdp_resumed", 0)  # epoch 0 came from the checkpoint, not rerun
+    resumed = _dumps(runs / "fsdp_resumed", 1)
+    assert len(resumed) == 2 and resumed == _dumps(runs / "fsdp", 1)  # rewards, advantages, weights, both ranks
+    assert (runs / "fsdp_resumed" / "checkpoints" / "checkpoint_00002" / "pytorch_model_fsdp_0").is_dir()

@@ -43,9 +43,37 @@ def test_sd15_random_has_sd15_sizes_and_shapes():
         eps = pipe.unet(torch.randn(1, 4, 8, 8), torch.tensor([500]), encoder_hidden_states=emb).sample
         assert eps.shape == (1, 4, 8, 8) and torch.isfinite(eps).all()
         assert pipe.vae.decode(eps).sample.shape == (1, 3, 64, 64)
-    # seeded: the same weights every time (every process builds its own copy)
-    again = load_pipeline("sd15-random", resolution=64)
-    assert torch.equal(again.unet.conv_in.weight, pipe.unet.conv_in.weight)
+
+
+def test_sd15_random_is_seeded(monkeypatch):
+    """The same weights every time (every process builds its own copy), whatever the caller's random state, which it
+    leaves alone. Checked through the same builder on narrow configs: the seeding does not depend on the widths, and
+    a second build of SD 1.5's 1.07 G parameters would cost more than the rest of the file's in-process tests."""
+    from ddpo_grpo.models import sd15_random as sd
+
+    unet_cfg, vae_cfg, text_cfg = sd.sd15_unet_config, sd.sd15_vae_config, sd.sd15_text_config
+    monkeypatch.setattr(sd, "sd15_unet_config", lambda n: {**unet_cfg(n), "block_out_channels": (32, 32, 64, 64),
+                                                           "cross_attention_dim": 32, "norm_num_groups": 8})
+    monkeypatch.setattr(sd, "sd15_vae_config", lambda r: {**vae_cfg(r), "block_out_channels": (8, 8, 16, 16),
+                                                          "norm_num_groups": 8})
+
+    def narrow_text(tokenizer):
+        c = text_cfg(tokenizer)
+        c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads = 32, 64, 2, 2
+        return c
+
+    monkeypatch.setattr(sd, "sd15_text_config", narrow_text)
+    weights = []
+    for caller_seed in (1, 2):
+        torch.manual_seed(caller_seed)
+        state = torch.get_rng_state()
+        pipe = sd.build_sd15_random(64)
+        assert torch.equal(torch.get_rng_state(), state)  # the caller's random state is untouched
+        assert pipe.unet.config.block_out_channels == (32, 32, 64, 64)  # the narrow configs were used
+        weights.append({f"{name}.{k}": v for name in ("unet", "text_encoder", "vae")
+                        for k, v in getattr(pipe, name).state_dict().items()})
+    a, b = weights
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("model, res, match", [
