@@ -1,4 +1,6 @@
-"""The trainer end to end through `accelerate launch`: 2 CPU processes (gloo), resume, exact resume after SIGKILL."""
+"""The trainer end to end: 2 CPU processes (gloo) through `accelerate launch`, resume, exact resume after SIGKILL.
+Single-process runs start scripts/train.py directly: `accelerate launch` would only put a launcher process (and its
+imports) in front of it."""
 import glob
 import json
 import os
@@ -17,17 +19,29 @@ SMALL = ["--config.sample.num_steps=4", "--config.sample.batch_size=4", "--confi
          "--config.logging.image_freq=0", "--config.logging.debug_dump=True", "--config.train.timestep_fraction=1.0"]
 
 
-def launch(tmp, name, epochs, nproc=1, extra=(), wait=True):
+def start(tmp, name, epochs, nproc=1, extra=()):
+    """A trainer run in the background, in a session of its own (so it can be killed whole); its output goes to
+    tmp/<name>.out, a file: a run nobody reads while it runs never blocks on a full pipe."""
     # CPU (+ gloo for 2 processes) on any machine: these runs check the logic and exact resume, not the device.
-    cmd = [*launch_cmd(nproc, 29500), "scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}",
-            f"--config.logdir={tmp}", f"--config.run_name={name}", *SMALL, *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=600)
+    cmd = [*(launch_cmd(nproc, 29500) if nproc > 1 else [sys.executable]), "scripts/train.py",
+           "--config", "config/grpo.py:tiny", f"--config.num_epochs={epochs}", f"--config.logdir={tmp}",
+           f"--config.run_name={name}", *SMALL, *extra]
+    with open(os.path.join(tmp, f"{name}.out"), "w") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def finish(proc, tmp, name):
+    """Wait for a run from start(); it must succeed. Returns its output."""
+    proc.wait(timeout=600)
+    with open(os.path.join(tmp, f"{name}.out")) as f:
+        out = f.read()
     assert proc.returncode == 0, out[-4000:]
     return out
+
+
+def launch(tmp, name, epochs, nproc=1, extra=()):
+    return finish(start(tmp, name, epochs, nproc, extra), tmp, name)
 
 
 def dumps(run_dir, epoch):
@@ -65,10 +79,14 @@ def _final_weights(run_dir):
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
     # The kill lands inside the lr warmup (2 optimizer steps per epoch, 5 warmup steps): the scheduler state, the
     # condition subset and the per-condition initial noise must all come back identical.
+    # The JPEG term gives the k copies of a condition different rewards: with the toy-world score alone they tie
+    # (shared x_T), every advantage is 0, the weights never move, and a wrong optimizer or lr state after the resume
+    # could not show.
     extra = ["--config.save_freq=1", "--config.train.lr_warmup_steps=5", "--config.sample.shared_init_noise=True",
-             "--config.data.num_conditions=6"]
-    launch(tmp_path, "straight", epochs=3, extra=extra)
-    proc = launch(tmp_path, "killed", epochs=3, extra=extra, wait=False)
+             "--config.data.num_conditions=6", "--config.reward.fns={'toyworld': 1.0, 'jpeg_compressibility': 1.0}"]
+    # The uninterrupted run and the one to be killed side by side (one single-threaded process each).
+    straight = start(tmp_path, "straight", epochs=3, extra=extra)
+    proc = start(tmp_path, "killed", epochs=3, extra=extra)
     first = tmp_path / "killed" / "checkpoints" / "checkpoint_00001"
     deadline = time.time() + 300
     while not first.exists() and time.time() < deadline and proc.poll() is None:
@@ -77,16 +95,22 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert first.exists() and not (tmp_path / "killed" / "checkpoints" / "checkpoint_00003").exists()
+    finish(straight, tmp_path, "straight")
     out = launch(tmp_path, "killed", epochs=3, extra=extra + [f"--config.resume_from={tmp_path / 'killed'}"])
-    assert "resumed from" in out
+    assert "resumed from" in out and "at epoch 1" in out
     a, _ = _final_weights(tmp_path / "straight")
     b, ckpts = _final_weights(tmp_path / "killed")
     assert os.path.basename(ckpts[-1]) == "checkpoint_00003"
     assert a.keys() == b.keys()
     for k in a:
         assert (a[k] == b[k]).all(), k
+    moved = []
     for epoch in range(3):
-        assert dumps(tmp_path / "straight", epoch)[0]["rewards"] == dumps(tmp_path / "killed", epoch)[0]["rewards"]
+        (s,), (k,) = dumps(tmp_path / "straight", epoch), dumps(tmp_path / "killed", epoch)
+        assert s["rewards"] == k["rewards"] and s["weights_sum"] == k["weights_sum"], epoch
+        assert any(s["advantages"]), epoch  # every epoch trains on something
+        moved.append(s["weights_sum"])
+    assert len(set(moved)) == 3  # the weights moved in every epoch, so the comparison above means something
     summary = json.load(open(tmp_path / "killed" / "summary.json"))
     assert [h["epoch"] for h in summary["history"]] == [0, 1, 2]
 
@@ -102,7 +126,11 @@ def test_bad_config_fails_fast_with_one_line(tmp_path):
 
 def test_lora_with_ema_reference_kl_in_bf16(tmp_path):
     """peft LoRA adapters, KL to an EMA reference of the adapters only, bf16 autocast on the CPU."""
-    out = launch(tmp_path, "lora", epochs=1, extra=["--config.use_lora=True", "--config.lora_rank=4",
+    # 3 sampling steps, the first of which is trained (std >= train.min_step_std): bf16 runs ~20x slower than fp32
+    # on a CPU without bf16 units, and the checks below need 2 optimizer steps (8 samples / train.batch_size 4), not
+    # more denoising steps.
+    out = launch(tmp_path, "lora", epochs=1, extra=["--config.sample.num_steps=3", "--config.use_lora=True",
+                                                     "--config.lora_rank=4",
                                                      "--config.train.beta=0.05", "--config.train.kl_type=gaussian",
                                                      "--config.train.reference_model_mixup_alpha=0.5",
                                                      "--config.mixed_precision=bf16", "--config.save_freq=1"])
