@@ -108,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.objective = "grpo"
     config.train.nft_beta = 1.0  # nft: step of the implicit positive/negative policies
     config.train.nft_adv_scale = 1.0  # nft: optimality r = 1/2 + 1/2 clip(A / scale, -1, 1)
+    # nft: DiffusionNFT's soft update of the sampling policy, theta_old <- d*theta_old + (1-d)*theta after each epoch's
+    # update. theta_old samples the epoch, gives v_old and is what eval measures; 0 = on-policy (theta_old = theta).
+    config.train.nft_old_decay = 0.0
     config.train.beta = 0.0  # KL weight to the reference; 0 skips the reference forward entirely
     config.train.kl_type = "gaussian"  # "gaussian" (exact for a step) | "k3" (Schulman, on logprobs)
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start

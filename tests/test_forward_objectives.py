@@ -93,6 +93,8 @@ def trainer_runs(request, tmp_path_factory):
                "--config.sample.k=4", "--config.train.batch_size=8", "--config.eval_freq=1", "--config.eval.num_samples=8",
                "--config.eval.pass_at_k=2", "--config.logging.wandb=False", "--config.logging.image_freq=0",
                "--config.save_freq=0"]
+        if objective == "nft":  # with DiffusionNFT's soft-updated sampling policy, saved in the checkpoint
+            cmd += ["--config.train.nft_old_decay=0.5", "--config.save_freq=1"]
         jobs.append(dict(args=cmd, cwd=ROOT, env=env))
     return dict(zip(objectives, run_side_by_side(jobs)))
 
@@ -103,3 +105,8 @@ def test_trainer_runs_each_forward_objective(trainer_runs, objective):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "GRPO check: 16 samples = 4 conditions x k=4 (exact)" in p.stdout
     assert "pass_at_2" in p.stdout and "epoch 0: reward" in p.stdout
+    if objective == "nft":  # run state, stat tracker and theta_old registered for checkpointing
+        logdir = next(a for a in p.args if a.startswith("--config.logdir=")).split("=", 1)[1]
+        ckpt = os.path.join(logdir, "r", "checkpoints", "checkpoint_00001")
+        assert sorted(f for f in os.listdir(ckpt) if f.startswith("custom_checkpoint")) == [
+            f"custom_checkpoint_{i}.pkl" for i in range(3)]

@@ -2,6 +2,7 @@
 bad input stops the run with one clear line before any model is loaded."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,14 @@ class RunContext:
     run_dir: str
     state: RunState
     supervised: Optional[Any] = None
+    old_policy: Optional[Any] = None  # EMAReference: nft's sampling policy when train.nft_old_decay > 0
+
+    def sampling_policy(self):
+        """Context in which self.unet holds the sampling policy's weights: theta_old when nft soft-updates it
+        (swapped in, grad off, restored bit-exactly on exit), else the policy itself."""
+        if self.old_policy is None:
+            return contextlib.nullcontext()
+        return self.old_policy.swapped(self.accelerator.unwrap_model(self.unet))
 
 
 def model_family(config) -> str:
@@ -142,6 +151,11 @@ def validate_config(config, num_processes: int) -> str:
                           "and train.sup_weight=0 (the KL and the supervised term belong to the 'grpo' objective)")
     if t.objective == "nft" and t.nft_adv_scale <= 0:
         raise ConfigError(f"train.nft_adv_scale={t.nft_adv_scale} must be > 0")
+    if not 0 <= t.get("nft_old_decay", 0.0) < 1:
+        raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} must be in [0, 1)")
+    if t.get("nft_old_decay", 0.0) > 0 and t.objective != "nft":
+        raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} is DiffusionNFT's soft update of the sampling "
+                          f"policy: it needs train.objective='nft' (got {t.objective!r})")
     if config.eval.pass_at_k < 0:
         raise ConfigError(f"eval.pass_at_k={config.eval.pass_at_k} must be >= 0 (0 = off)")
     if config.tracker.std_mode not in STD_MODES:
@@ -266,7 +280,12 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
         return torch.stack([cache[p] for p in prompts])
 
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
-    for obj in (state, stat_tracker) + ((reference,) if reference is not None else ()):
+    old_policy = None
+    if t.objective == "nft" and t.get("nft_old_decay", 0.0) > 0:
+        # The sampling policy, held like the KL reference: a copy of the trainable parameters, mixed once per epoch.
+        old_policy = EMAReference(accelerator.unwrap_model(unet), alpha=t.nft_old_decay, update_freq=1,
+                                  lora=config.use_lora or None)
+    for obj in (state, stat_tracker) + tuple(o for o in (reference, old_policy) if o is not None):
         accelerator.register_for_checkpointing(obj)
     return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
-                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised)
+                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy)

@@ -30,7 +30,7 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool):
         prompts = [it["prompt"] for it in items]
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds[lo:lo + len(items)]]
         neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
-        with acc.autocast():
+        with acc.autocast(), ctx.sampling_policy():  # the policy that samples is the one evaluated
             traj = pipeline_with_logprob(ctx.unet, ctx.pipe.scheduler, settings, ctx.encode(prompts), neg,
                                          num_inference_steps=config.sample.num_steps, sample_shape=ctx.pipe.sample_shape,
                                          generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,

@@ -113,7 +113,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         latents = None
         if config.sample.shared_init_noise:
             latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)
-        with acc.autocast():
+        with acc.autocast(), ctx.sampling_policy():  # nft's soft-updated theta_old, else the policy itself
             traj = pipeline_with_logprob(
                 unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
                 latents=latents, sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,

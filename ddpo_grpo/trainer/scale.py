@@ -38,7 +38,9 @@ def backward_calls_per_step(config):
     if int(t.timesteps_per_call) <= 0 or t.min_step_std > 0 or t.get("objective", "grpo") != "grpo":
         return None
     T = int(s.sde_window_size) or int(s.num_steps)
-    T_train = max(1, int(round(T * t.timestep_fraction)))
+    from .training import steps_per_sample
+
+    T_train = steps_per_sample(T, config)
     return int(t.gradient_accumulation_steps) * math.ceil(T_train / min(int(t.timesteps_per_call), T_train))
 
 

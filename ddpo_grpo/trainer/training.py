@@ -32,7 +32,7 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
 
     config = ctx.config
     N, T = samples.log_probs.shape
-    T_train = max(1, int(round(T * config.train.timestep_fraction)))
+    T_train = steps_per_sample(T, config)
     b = min(config.train.batch_size, N)
     adv = torch.zeros(N)
     mask = torch.ones(N, dtype=torch.bool)
@@ -65,6 +65,12 @@ def trainable_columns(samples: EpochSamples, config) -> torch.Tensor:
     return cols if len(cols) else torch.arange(T)
 
 
+def steps_per_sample(n_columns: int, config) -> int:
+    """How many of a sample's n_columns trainable steps (GRPO) or noise levels (the forward objectives) one pass
+    trains: round(n_columns * train.timestep_fraction), at least 1."""
+    return max(1, int(round(n_columns * config.train.timestep_fraction)))
+
+
 def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, per_call: int = 0,
                    columns: torch.Tensor = None):
     """The epoch's call plan: list of (sample indices (b,), timestep columns (b, S)).
@@ -75,7 +81,7 @@ def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, pe
     """
     g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
     columns = torch.arange(T) if columns is None else columns
-    T_train = max(1, int(round(len(columns) * config.train.timestep_fraction)))
+    T_train = steps_per_sample(len(columns), config)
     S = max(1, min(int(per_call or config.train.timesteps_per_call), T_train))
     perm = torch.randperm(N, generator=g)
     tperm = torch.stack([columns[torch.randperm(len(columns), generator=g)] for _ in range(N)])[:, :T_train]

@@ -3,8 +3,9 @@ sampler, rewards, advantages and live check as GRPO, then the denoising loss on 
 (forward_loss.py says what each objective weights).
 
 The call plan mirrors GRPO's so the two cost the same: every sample is trained at as many noise levels as
-GRPO trains steps (the trainable columns), one noise level per row, `train.batch_size` rows per call, and
-one optimizer step per `gradient_accumulation_steps` x that many calls. Every process runs the same
+GRPO trains steps (training.steps_per_sample: the trainable columns x train.timestep_fraction), one noise
+level per row, `train.batch_size` rows per call, and one optimizer step per `gradient_accumulation_steps` x
+that many calls. Every process runs the same
 number of calls whatever its weights (rows of weight 0 contribute zero), so DDP never waits.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, raft_loss
 from .sampling import EpochSamples
-from .training import zero_loss, optimizer_step, trainable_columns
+from .training import optimizer_step, steps_per_sample, trainable_columns, zero_loss
 
 
 def final_x0(samples: EpochSamples, pipe, num_steps: int) -> torch.Tensor:
@@ -56,7 +57,7 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
     N = len(samples)
-    n_levels = len(trainable_columns(samples, config))
+    n_levels = steps_per_sample(len(trainable_columns(samples, config)), config)
     weight, r, n_chosen = sample_weights(config, adv, ctx.stat_tracker.eps, acc.process_index, N)
     x0 = final_x0(samples, ctx.pipe, config.sample.num_steps).float()
     family = get_family(ctx.pipe.family)  # the forward process and its target
@@ -98,6 +99,8 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
                     acc.backward(loss / len(chunk))
                 logs["loss"].append(loss.item())
             optimizer_step(ctx, params, logs)
+    if ctx.old_policy is not None:  # DiffusionNFT's soft update: theta_old <- d*theta_old + (1-d)*theta
+        ctx.old_policy.step(acc.unwrap_model(ctx.unet))
     out = {k: float(np.mean(v)) for k, v in logs.items() if k not in ("skipped_steps", "nonfinite_loss")}
     for k in ("skipped_steps", "nonfinite_loss"):
         out[k] = float(sum(logs.get(k, [])))
@@ -108,7 +111,8 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
 @torch.no_grad()
 def _old_predictions(ctx, samples, x0, rows, u, noise) -> torch.Tensor:
     """The sampling policy's outputs (R, C, H, W) on every row, before this pass's first update: DiffusionNFT's
-    v_old. Computed once per pass, in eval mode, on CPU memory."""
+    v_old (theta_old's when train.nft_old_decay > 0, else the policy's own). Computed once per pass, in eval mode,
+    on CPU memory."""
     config, device = ctx.config, ctx.accelerator.device
     ctx.unet.eval()
     out = []
@@ -117,7 +121,7 @@ def _old_predictions(ctx, samples, x0, rows, u, noise) -> torch.Tensor:
         i = torch.from_numpy(rows[j])
         xt, t, _ = get_family(ctx.pipe.family).noised_and_target(ctx.pipe.scheduler, x0[i].to(device),
                                                                  noise[j].to(device), u[j].to(device))
-        with ctx.accelerator.autocast():
+        with ctx.accelerator.autocast(), ctx.sampling_policy():
             out.append(denoiser_output(ctx.unet, xt, t, samples.embeds[i].to(device), None, 1.0,
                                        None if samples.cond_channels is None else samples.cond_channels[i].to(device)
                                        ).float().cpu())
