@@ -105,3 +105,17 @@ def test_missing_model_path_is_a_clear_error():
 
     with pytest.raises(ModelPathError, match="not a folder"):
         load_pipeline("/no/such/model")
+
+
+def test_verifier_reads_a_two_pixel_blob_without_numeric_warnings():
+    """A blob 2 pixels wide (as an undertrained sample draws) is still read as an object, and no template of
+    radius 0 is built (the triangle's would divide by zero and warn in every user's log)."""
+    import warnings
+
+    c = Condition(Obj("red", "triangle"), place="left")
+    img = np.zeros((3, 32, 32), np.float32)
+    img[0, 15:17, 4:6] = 1.0  # a red 2x2 blob on the left
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = verify_batch(img[None], [c])
+    assert s["color"].tolist() == [1.0] and s["position"].tolist() == [1.0]

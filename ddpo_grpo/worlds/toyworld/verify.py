@@ -53,6 +53,8 @@ def _read_object(img: np.ndarray, mask: np.ndarray):
     best, best_iou = SHAPES[0], -1.0
     for shape in SHAPES:
         for rr in (r - 1.0, r - 0.5, r, r + 0.5):
+            if rr <= 0:  # a 1-2 pixel blob: a template of radius 0 is empty (and the triangle's would divide by 0)
+                continue
             tmpl = shape_mask(shape, cx, cy, rr)
             iou = np.minimum(tmpl, fg).sum() / max(np.maximum(tmpl, fg).sum(), 1e-6)
             if iou > best_iou:
