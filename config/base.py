@@ -111,6 +111,11 @@ def get_config() -> ml_collections.ConfigDict:
     # nft: DiffusionNFT's soft update of the sampling policy, theta_old <- d*theta_old + (1-d)*theta after each epoch's
     # update. theta_old samples the epoch, gives v_old and is what eval measures; 0 = on-policy (theta_old = theta).
     config.train.nft_old_decay = 0.0
+    # raft/nft: the noise levels u (0 clean, 1 pure noise) the sampled images are re-noised at, uniform in [min, max).
+    # Where a reward's attribute is decided is where training pays (scripts/step_credit.py): a colour decided in
+    # the first denoising steps is learnt at high noise, and low-noise rows only perturb the details.
+    config.train.forward_noise_min = 0.0
+    config.train.forward_noise_max = 1.0
     config.train.beta = 0.0  # KL weight to the reference; 0 skips the reference forward entirely
     config.train.kl_type = "gaussian"  # "gaussian" (exact for a step) | "k3" (Schulman, on logprobs)
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start

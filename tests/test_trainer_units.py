@@ -133,6 +133,7 @@ def _config(name="tiny"):
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_adv_scale", 0.0)), "nft_adv_scale=0.0"),
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_old_decay", 1.0)), "nft_old_decay=1.0"),
     (lambda c: setattr(c.train, "nft_old_decay", 0.5), "needs train.objective='nft'"),
+    (lambda c: setattr(c.train, "forward_noise_min", 1.0), "need 0 <= min < max <= 1"),
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
     (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),

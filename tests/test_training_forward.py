@@ -22,12 +22,13 @@ from helpers import ddim_scheduler, tiny_unet
 N, T = 8, 4
 
 
-def make_ctx(objective="nft", fraction=1.0, old_decay=0.0):
+def make_ctx(objective="nft", fraction=1.0, old_decay=0.0, noise=(0.0, 1.0)):
     cfg = ml_collections.ConfigDict(dict(
         seed=0, sample=dict(num_steps=T), eval=dict(batch_size=5),
         train=dict(objective=objective, batch_size=4, timestep_fraction=fraction, min_step_std=0.0,
                    num_inner_epochs=1, gradient_accumulation_steps=1, max_grad_norm=1.0, nft_beta=1.0,
-                   nft_adv_scale=1.0, nft_old_decay=old_decay),
+                   nft_adv_scale=1.0, nft_old_decay=old_decay, forward_noise_min=noise[0],
+                   forward_noise_max=noise[1]),
     ))
     unet = tiny_unet()
     unet.requires_grad_(True)
@@ -73,6 +74,25 @@ def test_every_sample_trains_at_exactly_steps_per_sample_levels(monkeypatch, obj
     training_forward.train_epoch_forward(ctx, samples, adv, epoch=0)
     per_sample = np.bincount(seen, minlength=N)
     assert per_sample.tolist() == [steps_per_sample(T, ctx.config)] * N
+
+
+@pytest.mark.parametrize("noise", [(0.0, 1.0), (0.6, 1.0), (0.2, 0.5)])
+def test_rows_are_noised_within_the_forward_noise_range(monkeypatch, noise):
+    ctx = make_ctx("nft", 1.0, noise=noise)
+    samples, adv = make_samples()
+    timesteps = []
+    real = training_forward.denoiser_output
+
+    def spy(unet, xt, t, *args):
+        timesteps.append(t.detach().clone())
+        return real(unet, xt, t, *args)
+
+    monkeypatch.setattr(training_forward, "denoiser_output", spy)
+    training_forward.train_epoch_forward(ctx, samples, adv, epoch=0)
+    t = torch.cat(timesteps).float()  # DDIM: t = floor(u * 1000)
+    assert len(t) == 2 * N * T  # v_old pass and training pass
+    assert t.min() >= 1000 * noise[0] and t.max() < 1000 * noise[1]
+    assert t.max() - t.min() > 0.5 * 1000 * (noise[1] - noise[0])  # spread over the range, not one level
 
 
 def test_nft_soft_update_uses_theta_old_for_v_old_and_mixes_it_after_the_epoch(monkeypatch):

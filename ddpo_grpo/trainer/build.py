@@ -151,6 +151,9 @@ def validate_config(config, num_processes: int) -> str:
                           "and train.sup_weight=0 (the KL and the supervised term belong to the 'grpo' objective)")
     if t.objective == "nft" and t.nft_adv_scale <= 0:
         raise ConfigError(f"train.nft_adv_scale={t.nft_adv_scale} must be > 0")
+    lo, hi = t.get("forward_noise_min", 0.0), t.get("forward_noise_max", 1.0)
+    if not 0 <= lo < hi <= 1:
+        raise ConfigError(f"train.forward_noise_min={lo}, train.forward_noise_max={hi}: need 0 <= min < max <= 1")
     if not 0 <= t.get("nft_old_decay", 0.0) < 1:
         raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} must be in [0, 1)")
     if t.get("nft_old_decay", 0.0) > 0 and t.objective != "nft":

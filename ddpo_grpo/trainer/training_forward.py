@@ -69,7 +69,8 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
         # repeats them exactly.
         rng = np.random.default_rng((config.seed, epoch, inner, acc.process_index, 29))
         rows = rng.permutation(np.repeat(np.arange(N), n_levels))
-        u = torch.from_numpy(rng.random(len(rows))).float()
+        lo, hi = config.train.get("forward_noise_min", 0.0), config.train.get("forward_noise_max", 1.0)
+        u = torch.from_numpy(lo + (hi - lo) * rng.random(len(rows))).float()  # noise levels in [min, max)
         g = torch.Generator().manual_seed(int(rng.integers(2**62)))
         noise = torch.randn((len(rows),) + tuple(x0.shape[1:]), generator=g)
         old = _old_predictions(ctx, samples, x0, rows, u, noise) if config.train.objective == "nft" else None
