@@ -9,6 +9,9 @@ BIN := $(VENV)/bin
 # glibc returns freed activation buffers to the OS and faults them back in every step; keeping them
 # mapped makes CPU training faster (see the Performance section of the README).
 CPU_MALLOC := MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=17179869184
+# accelerate gives a CPU process one thread unless told (OMP_NUM_THREADS=1): the demo is one process, so it gets
+# every core.
+THREADS ?= $(shell nproc 2>/dev/null || echo 1)
 
 .PHONY: install test demo bench clean
 
@@ -26,7 +29,7 @@ test: install
 
 demo: install
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(CPU_MALLOC) $(BIN)/accelerate launch --num_processes 1 --num_machines 1 \
-		--mixed_precision no --dynamo_backend no \
+		--num_cpu_threads_per_process $(THREADS) --mixed_precision no --dynamo_backend no \
 		scripts/train.py --config $(CONFIG)
 
 bench: install

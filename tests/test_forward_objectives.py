@@ -110,3 +110,11 @@ def test_trainer_runs_each_forward_objective(trainer_runs, objective):
         ckpt = os.path.join(logdir, "r", "checkpoints", "checkpoint_00001")
         assert sorted(f for f in os.listdir(ckpt) if f.startswith("custom_checkpoint")) == [
             f"custom_checkpoint_{i}.pkl" for i in range(3)]
+        # theta_old also as plain weights: the same tensors as the registered state, not the trained policy's
+        from safetensors.torch import load_file
+
+        old = torch.load(os.path.join(ckpt, "custom_checkpoint_2.pkl"), weights_only=False)["tensors"]
+        plain = load_file(os.path.join(ckpt, "sampling_policy.safetensors"))
+        policy = load_file(os.path.join(ckpt, "model.safetensors"))
+        assert set(plain) == set(old) and all(torch.equal(plain[n], old[n]) for n in old)
+        assert set(plain) <= set(policy) and any(not torch.equal(plain[n], policy[n]) for n in plain)

@@ -4,8 +4,10 @@ A checkpoint becomes visible only when complete: every process writes into `.tmp
 the files are fsynced, and the main process renames the folder to `checkpoint_NNNNN` (an atomic rename
 on POSIX). A kill during saving leaves at most a `.tmp-*` folder, which is ignored and cleaned up.
 Saved: model, optimizer, LR schedule and all RNG states (per process) by accelerate, plus the run
-state (epoch, step, history), the stat tracker and the EMA reference registered for checkpointing, and
-run_meta.json describing what the checkpoint belongs to.
+state (epoch, step, history), the stat tracker and the EMA reference (or nft's sampling policy) registered for
+checkpointing, run_meta.json describing what the checkpoint belongs to, and with nft's soft update
+(train.nft_old_decay > 0) sampling_policy.safetensors: the sampling policy's trainable weights, the ones eval
+measures (load into the UNet with strict=False; model.safetensors holds the trained policy).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Optional
 from ddpo_grpo.errors import ConfigError
 
 META = "run_meta.json"
+SAMPLING_POLICY = "sampling_policy.safetensors"  # train.nft_old_decay > 0: theta_old, the weights eval measures
 
 
 def run_meta(config, family: str) -> dict:
@@ -49,8 +52,15 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
         shutil.rmtree(tmp, ignore_errors=True)
     acc.wait_for_everyone()
     acc.save_state(tmp)
+    # nft's soft-updated sampling policy is what samples and what eval measures: also as plain weights, next to
+    # model.safetensors (the trained theta). A collective under FSDP2 (whole tensors), so every process calls it.
+    sampling = ctx.old_policy.state_dict()["tensors"] if getattr(ctx, "old_policy", None) is not None else None
     acc.wait_for_everyone()
     if acc.is_main_process:
+        if sampling is not None:
+            from safetensors.torch import save_file
+
+            save_file({n: t.contiguous() for n, t in sampling.items()}, os.path.join(tmp, SAMPLING_POLICY))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(run_meta(ctx.config, family), f)
         _fsync_tree(tmp)
