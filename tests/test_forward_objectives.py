@@ -83,6 +83,8 @@ def trainer_runs(request, tmp_path_factory):
     """{objective: finished trainer process} for the objectives this session runs, side by side (one single-threaded
     process each)."""
     objectives = selected_params(request, OBJECTIVES)
+    if "nft" not in objectives and any(i.name == "test_nft_with_soft_update_resumes_exactly" for i in request.session.items):
+        objectives.append("nft")  # the resume test starts from the nft run's checkpoint
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
     jobs = []
     for objective in objectives:
@@ -118,3 +120,27 @@ def test_trainer_runs_each_forward_objective(trainer_runs, objective):
         policy = load_file(os.path.join(ckpt, "model.safetensors"))
         assert set(plain) == set(old) and all(torch.equal(plain[n], old[n]) for n in old)
         assert set(plain) <= set(policy) and any(not torch.equal(plain[n], policy[n]) for n in plain)
+
+
+def test_nft_with_soft_update_resumes_exactly(trainer_runs, tmp_path):
+    """The 1-epoch nft run's checkpoint resumed to 2 epochs ends bit-identical (trained weights and theta_old) to an
+    uninterrupted 2-epoch run: theta_old is restored, not re-initialised from the policy."""
+    first = trainer_runs["nft"]
+    assert first.returncode == 0, first.stderr[-3000:]
+    logdir = next(a for a in first.args if a.startswith("--config.logdir=")).split("=", 1)[1]
+    base = [a for a in first.args if not a.startswith(("--config.num_epochs=", "--config.logdir="))]
+    resumed = base + ["--config.num_epochs=2", f"--config.logdir={tmp_path / 'resumed'}",
+                      f"--config.resume_from={os.path.join(logdir, 'r')}"]  # the first run's folder is left as it is
+    straight = base + ["--config.num_epochs=2", f"--config.logdir={tmp_path / 'straight'}"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    a, b = run_side_by_side([dict(args=resumed, cwd=ROOT, env=env), dict(args=straight, cwd=ROOT, env=env)])
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-3000:] + b.stderr[-3000:]
+    assert "resumed from" in a.stdout
+    from safetensors.torch import load_file
+
+    for name in ("model.safetensors", "sampling_policy.safetensors"):
+        x, y = (load_file(os.path.join(tmp_path, d, "r", "checkpoints", "checkpoint_00002", name))
+                for d in ("resumed", "straight"))
+        assert set(x) == set(y) and all(torch.equal(x[n], y[n]) for n in x), name
+    line = lambda p: next(ln for ln in p.stdout.splitlines() if ln.startswith("epoch 1: reward")).rsplit("|", 1)[0]  # noqa: E731
+    assert line(a) == line(b)
