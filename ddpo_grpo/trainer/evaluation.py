@@ -25,23 +25,24 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool):
     config, acc = ctx.config, ctx.accelerator
     settings = sampler_settings(config, ctx.pipe.family)
     scores, details, images, captions = [], {}, [], []
-    for lo in range(0, len(positions), config.eval.batch_size):
-        items = [ctx.eval_data[int(p)] for p in positions[lo:lo + config.eval.batch_size]]
-        prompts = [it["prompt"] for it in items]
-        gens = [torch.Generator().manual_seed(int(s)) for s in seeds[lo:lo + len(items)]]
-        neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
-        with acc.autocast(), ctx.sampling_policy():  # the policy that samples is the one evaluated
-            traj = pipeline_with_logprob(ctx.unet, ctx.pipe.scheduler, settings, ctx.encode(prompts), neg,
-                                         num_inference_steps=config.sample.num_steps, sample_shape=ctx.pipe.sample_shape,
-                                         generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,
-                                         cond_channels=stack_items(items, acc.device))
-        metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
-        res = ctx.rewards(traj.images.cpu(), prompts, metadata)
-        scores.append(res.final)
-        for k, v in res.details.items():
-            details.setdefault(k, []).append(v)
-        images.append(traj.images.cpu())
-        captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
+    with ctx.sampling_policy():  # the policy that samples is the one evaluated (swapped in once)
+        for lo in range(0, len(positions), config.eval.batch_size):
+            items = [ctx.eval_data[int(p)] for p in positions[lo:lo + config.eval.batch_size]]
+            prompts = [it["prompt"] for it in items]
+            gens = [torch.Generator().manual_seed(int(s)) for s in seeds[lo:lo + len(items)]]
+            neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
+            with acc.autocast():
+                traj = pipeline_with_logprob(ctx.unet, ctx.pipe.scheduler, settings, ctx.encode(prompts), neg,
+                                             num_inference_steps=config.sample.num_steps, sample_shape=ctx.pipe.sample_shape,
+                                             generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,
+                                             cond_channels=stack_items(items, acc.device))
+            metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
+            res = ctx.rewards(traj.images.cpu(), prompts, metadata)
+            scores.append(res.final)
+            for k, v in res.details.items():
+                details.setdefault(k, []).append(v)
+            images.append(traj.images.cpu())
+            captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
     return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions)
 
 

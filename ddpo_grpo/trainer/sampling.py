@@ -101,29 +101,30 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     window = sde_window(config, epoch)
     per_step = config.reward.per_step
     parts, futures = [], []
-    for b in tqdm(range(config.sample.num_batches_per_epoch), desc=f"epoch {epoch}: sampling",
-                  disable=not acc.is_local_main_process, leave=False):
-        positions = ctx.sampler.batch(epoch, b, acc.process_index)
-        items = [ctx.train_data[p] for p in positions]
-        prompts = [it["prompt"] for it in items]
-        embeds = ctx.encode(prompts)
-        neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
-        gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
-        cond = stack_items(items, acc.device)
-        latents = None
-        if config.sample.shared_init_noise:
-            latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)
-        with acc.autocast(), ctx.sampling_policy():  # nft's soft-updated theta_old, else the policy itself
-            traj = pipeline_with_logprob(
-                unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
-                latents=latents, sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
-                return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond,
-            )
-        metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
-        futures.append(ctx.rewards.submit(traj.images.cpu(), prompts, metadata, x0_images=None if traj.pred_x0 is None
-                                          else traj.pred_x0.cpu(), per_step=per_step,
-                                          num_steps=traj.log_probs.shape[1]))
-        parts.append((traj, embeds, neg, items, prompts, metadata, cond))
+    with ctx.sampling_policy():  # nft's soft-updated theta_old (swapped in once), else the policy itself
+        for b in tqdm(range(config.sample.num_batches_per_epoch), desc=f"epoch {epoch}: sampling",
+                      disable=not acc.is_local_main_process, leave=False):
+            positions = ctx.sampler.batch(epoch, b, acc.process_index)
+            items = [ctx.train_data[p] for p in positions]
+            prompts = [it["prompt"] for it in items]
+            embeds = ctx.encode(prompts)
+            neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
+            gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
+            cond = stack_items(items, acc.device)
+            latents = None
+            if config.sample.shared_init_noise:
+                latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)
+            with acc.autocast():
+                traj = pipeline_with_logprob(
+                    unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
+                    latents=latents, sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
+                    return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond,
+                )
+            metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
+            futures.append(ctx.rewards.submit(traj.images.cpu(), prompts, metadata, x0_images=None if traj.pred_x0 is None
+                                              else traj.pred_x0.cpu(), per_step=per_step,
+                                              num_steps=traj.log_probs.shape[1]))
+            parts.append((traj, embeds, neg, items, prompts, metadata, cond))
     cat = lambda xs: torch.cat(xs) if xs[0] is not None else None  # noqa: E731
     return EpochSamples(
         latents=cat([p[0].latents for p in parts]),

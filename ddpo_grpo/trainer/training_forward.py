@@ -5,8 +5,8 @@ sampler, rewards, advantages and live check as GRPO, then the denoising loss on 
 The call plan mirrors GRPO's so the two cost the same: every sample is trained at as many noise levels as
 GRPO trains steps (training.steps_per_sample: the trainable columns x train.timestep_fraction), one noise
 level per row, `train.batch_size` rows per call, and one optimizer step per `gradient_accumulation_steps` x
-that many calls. Every process runs the same
-number of calls whatever its weights (rows of weight 0 contribute zero), so DDP never waits.
+that many calls. Every process runs the same number of calls whatever its weights (rows of weight 0
+contribute zero), so DDP never waits.
 """
 from __future__ import annotations
 
@@ -117,13 +117,14 @@ def _old_predictions(ctx, samples, x0, rows, u, noise) -> torch.Tensor:
     config, device = ctx.config, ctx.accelerator.device
     ctx.unet.eval()
     out = []
-    for lo in range(0, len(rows), config.eval.batch_size):
-        j = np.arange(lo, min(lo + config.eval.batch_size, len(rows)))
-        i = torch.from_numpy(rows[j])
-        xt, t, _ = get_family(ctx.pipe.family).noised_and_target(ctx.pipe.scheduler, x0[i].to(device),
-                                                                 noise[j].to(device), u[j].to(device))
-        with ctx.accelerator.autocast(), ctx.sampling_policy():
-            out.append(denoiser_output(ctx.unet, xt, t, samples.embeds[i].to(device), None, 1.0,
-                                       None if samples.cond_channels is None else samples.cond_channels[i].to(device)
-                                       ).float().cpu())
+    with ctx.sampling_policy():  # theta_old swapped in once for the whole pass
+        for lo in range(0, len(rows), config.eval.batch_size):
+            j = np.arange(lo, min(lo + config.eval.batch_size, len(rows)))
+            i = torch.from_numpy(rows[j])
+            xt, t, _ = get_family(ctx.pipe.family).noised_and_target(ctx.pipe.scheduler, x0[i].to(device),
+                                                                     noise[j].to(device), u[j].to(device))
+            with ctx.accelerator.autocast():
+                out.append(denoiser_output(ctx.unet, xt, t, samples.embeds[i].to(device), None, 1.0,
+                                           None if samples.cond_channels is None else samples.cond_channels[i].to(device)
+                                           ).float().cpu())
     return torch.cat(out)
