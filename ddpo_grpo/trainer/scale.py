@@ -15,6 +15,8 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
+from .training import steps_per_sample
+
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
@@ -38,8 +40,6 @@ def backward_calls_per_step(config):
     if int(t.timesteps_per_call) <= 0 or t.min_step_std > 0 or t.get("objective", "grpo") != "grpo":
         return None
     T = int(s.sde_window_size) or int(s.num_steps)
-    from .training import steps_per_sample
-
     T_train = steps_per_sample(T, config)
     return int(t.gradient_accumulation_steps) * math.ceil(T_train / min(int(t.timesteps_per_call), T_train))
 
