@@ -178,9 +178,10 @@ def measure_trainer(config: str, batch_size: Optional[int], cfg: Optional[bool],
 
 
 def pretrained_eval(config: str, overrides: Sequence[str], workdir: str, malloc: str, threads: Optional[int],
-                    timeout: float = 1800) -> Dict:
-    """The trainer's deterministic eval of the untrained model (samples = 0 on the learning curve)."""
-    tag = config.rsplit(":", 1)[-1] if ":" in config else os.path.splitext(os.path.basename(config))[0]
+                    timeout: float = 1800, tag: str = "") -> Dict:
+    """The trainer's deterministic eval of the untrained model (samples = 0 on the learning curve). `tag` names
+    its files (default: the config's name)."""
+    tag = tag or (config.rsplit(":", 1)[-1] if ":" in config else os.path.splitext(os.path.basename(config))[0])
     out = os.path.join(workdir, f"pretrained_eval_{tag}.json")
     cmd = [sys.executable, "-m", "benchmarks.bench_floor", "--mode=eval", *config_args(config, overrides),
            f"--out={out}"]

@@ -7,6 +7,7 @@ GRPO learns against DDPO.
         --malloc default,tuned --timesteps-per-call 1,4 --out bench_results/
     python scripts/bench.py --no-speed --efficacy --efficacy-epochs 10   # GRPO (tiny) vs DDPO (ddpo) learning curves
     python scripts/bench.py --set sample.num_steps=10 train.timestep_fraction=1.0   # config overrides, every run
+    python scripts/bench.py --no-speed --efficacy --efficacy-seeds 42,1 --efficacy-parallel 4   # 2 seeds, 4 at once
 
 For each (per-device batch size B, CFG off/on, timesteps per call S, allocator) the real trainer runs as a
 subprocess (scripts/train.py); per-phase wall seconds and samples come from its summary.json (the first epoch
@@ -32,7 +33,8 @@ in <out>/runs/, a plot of the speed grid in <out>/bench.png, and with --efficacy
                 overhead_training, rss_over_floor, rss_over_floor_estimate, cpu_busy_before, ...}]
     gains     [{batch_size, cfg, change, malloc, timesteps_per_call, epoch_s, baseline_epoch_s, speedup,
                 training_speedup, peak_rss_mb, baseline_peak_rss_mb}]   baseline: S=1, default allocator
-    efficacy  null, or {metric, epochs, start, target, target_note, plot, runs: {<config name>: {start,
+    efficacy  null, or {metric, epochs, seeds, parallel, start, target, target_note, plot, runs: {<config name, or
+                name_s<seed> with several seeds>: {config, overrides, start,
                 start_eval_reward_mean, final, curve: [{epoch, samples, wall_s, metric, eval_reward_mean}],
                 to_target: {reached, epoch, samples, samples_interp, wall_s}}}}
 A failed measurement carries "error" (the log's tail) instead of numbers; the exit status is then 1.
@@ -40,6 +42,7 @@ A failed measurement carries "error" (the log's tail) instead of numbers; the ex
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -186,30 +189,57 @@ def first_reach(points: List[Dict], target: float, start: Optional[float]) -> Di
     return {"reached": False, "epoch": None, "samples": None, "samples_interp": None, "wall_s": None}
 
 
+def efficacy_jobs(configs: List[str], seeds: List[int]) -> List[tuple]:
+    """(label, config, extra overrides) per efficacy run: one per config and seed; labels carry the seed only
+    when there are several (`tiny_s1`), so single-seed reports keep the config names."""
+    jobs = []
+    for config in configs:
+        name = config.rsplit(":", 1)[-1]
+        for seed in seeds or [None]:
+            label = name if len(seeds) <= 1 else f"{name}_s{seed}"
+            jobs.append((label, config, [] if seed is None else [f"seed={seed}"]))
+    if len({j[0] for j in jobs}) != len(jobs):
+        raise SystemExit("--efficacy-configs: two configs share a name; each run needs its own label")
+    return jobs
+
+
+def _efficacy_run(args, overrides: List[str], workdir: str, malloc: str, job: tuple) -> Dict:
+    """One efficacy curve: the untrained model's eval, then the trainer with eval every --efficacy-eval-freq."""
+    label, config, extra = job
+    say(f"efficacy: pretrained eval for {label} ...")
+    pre = pretrained_eval(config, [*overrides, *extra], workdir, malloc, args.threads, args.run_timeout, tag=label)
+    say(f"efficacy: training {label} for {args.efficacy_epochs} epochs, eval every {args.efficacy_eval_freq} ...")
+    run = measure_trainer(config, None, None, args.efficacy_epochs, malloc, None, [*overrides, *extra], workdir,
+                          name=f"efficacy_{label}", eval_freq=args.efficacy_eval_freq, threads=args.threads,
+                          timeout=args.run_timeout * 4)
+    entry = {"config": config, "overrides": extra, "peak_rss_mb": run.get("peak_rss_mb"),
+             "process_wall_s": run.get("process_wall_s")}
+    if "error" in pre:
+        entry["pretrained_error"] = pre["error"]
+    else:
+        entry["start"] = pre["metrics"].get(args.metric)
+        entry["start_eval_reward_mean"] = pre["metrics"].get("eval/reward_mean")
+    if "error" in run:
+        entry["error"] = run["error"]
+    else:
+        entry["curve"] = curve(run["history"], args.metric, run.get("final_eval"))
+        entry["final"] = entry["curve"][-1]["metric"] if entry["curve"] else None
+    say(f"efficacy: {label} done" + (" (FAILED)" if "error" in entry else f", final {fmt(entry.get('final'), '.4f')}"))
+    return entry
+
+
 def run_efficacy(args, overrides: List[str], workdir: str) -> Dict:
     configs = [resolve_config(c.strip()) for c in args.efficacy_configs.split(",") if c.strip()]
+    seeds = [int(s) for s in str(args.efficacy_seeds).split(",") if s.strip()]
+    jobs = efficacy_jobs(configs, seeds)
     malloc = args.malloc.split(",")[0].strip()
-    out = {"configs": configs, "epochs": args.efficacy_epochs, "metric": args.metric, "malloc": malloc, "runs": {}}
-    for config in configs:
-        label = config.rsplit(":", 1)[-1]
-        say(f"efficacy: pretrained eval for {label} ...")
-        pre = pretrained_eval(config, overrides, workdir, malloc, args.threads, args.run_timeout)
-        say(f"efficacy: training {label} for {args.efficacy_epochs} epochs with eval every epoch ...")
-        run = measure_trainer(config, None, None, args.efficacy_epochs, malloc, None, overrides, workdir,
-                              name=f"efficacy_{label}", eval_freq=args.efficacy_eval_freq, threads=args.threads,
-                              timeout=args.run_timeout * 4)
-        entry = {"config": config, "peak_rss_mb": run.get("peak_rss_mb"), "process_wall_s": run.get("process_wall_s")}
-        if "error" in pre:
-            entry["pretrained_error"] = pre["error"]
-        else:
-            entry["start"] = pre["metrics"].get(args.metric)
-            entry["start_eval_reward_mean"] = pre["metrics"].get("eval/reward_mean")
-        if "error" in run:
-            entry["error"] = run["error"]
-        else:
-            entry["curve"] = curve(run["history"], args.metric, run.get("final_eval"))
-            entry["final"] = entry["curve"][-1]["metric"] if entry["curve"] else None
-        out["runs"][label] = entry
+    out = {"configs": configs, "seeds": seeds, "epochs": args.efficacy_epochs, "metric": args.metric,
+           "malloc": malloc, "parallel": args.efficacy_parallel, "runs": {}}
+    # Runs are subprocesses: threads only wait on them. In parallel they share the machine (several small runs on
+    # one GPU), so their wall seconds are not comparable with a run alone.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.efficacy_parallel)) as pool:
+        entries = list(pool.map(lambda job: _efficacy_run(args, overrides, workdir, malloc, job), jobs))
+    out["runs"] = {job[0]: e for job, e in zip(jobs, entries)}
     ok = [e for e in out["runs"].values() if e.get("curve")]
     starts = [e["start"] for e in out["runs"].values() if e.get("start") is not None]
     finals = [e["final"] for e in ok if e.get("final") is not None]
@@ -361,6 +391,10 @@ def main(argv=None) -> Dict:
                     help="GRPO, DDPO's recipe, best-of-N supervision (RAFT), DiffusionNFT, per-step rewards")
     ap.add_argument("--efficacy-eval-freq", type=int, default=1, help="epochs between evals on the efficacy curves")
     ap.add_argument("--efficacy-epochs", type=int, default=10)
+    ap.add_argument("--efficacy-seeds", default="", help="run every efficacy config with each of these seeds, e.g. "
+                    "42,1,2 (default: the config's own seed)")
+    ap.add_argument("--efficacy-parallel", type=int, default=1,
+                    help="efficacy runs at once (several small runs sharing one GPU); wall times then overlap")
     ap.add_argument("--metric", default="eval/toyworld/strict_accuracy", help="eval metric of the efficacy curves")
     ap.add_argument("--target", type=float, default=None,
                     help="efficacy target (default: halfway between the start and the best final value)")

@@ -65,3 +65,38 @@ def test_interleaved_floor_and_trainer_in_one_process(tmp_path):
     assert abs(res["overhead_training"] - res["trainer_training_s"] / res["floor_training_s"]) < 1e-12
     total = lambda side: res[f"{side}_sampling_s"] + res[f"{side}_training_s"]  # noqa: E731
     assert abs(res["overhead"] - total("trainer") / total("floor")) < 1e-12
+
+
+def test_efficacy_jobs_label_runs_by_config_and_seed():
+    bench = load_bench()
+    jobs = bench.efficacy_jobs(["/c/grpo.py:tiny", "/c/grpo.py:ddpo"], [42, 1])
+    assert [(j[0], j[2]) for j in jobs] == [("tiny_s42", ["seed=42"]), ("tiny_s1", ["seed=1"]),
+                                           ("ddpo_s42", ["seed=42"]), ("ddpo_s1", ["seed=1"])]
+    assert [(j[0], j[2]) for j in bench.efficacy_jobs(["/c/grpo.py:tiny"], [])] == [("tiny", [])]
+    assert [j[0] for j in bench.efficacy_jobs(["/c/grpo.py:tiny"], [7])] == ["tiny"]
+    import pytest
+
+    with pytest.raises(SystemExit, match="share a name"):
+        bench.efficacy_jobs(["/a/grpo.py:tiny", "/b/grpo.py:tiny"], [])
+
+
+def test_efficacy_two_seeds_in_parallel(tmp_path):
+    """--efficacy-seeds 1,2 --efficacy-parallel 2: one curve per seed, both from the same untrained model."""
+    bench = load_bench()
+    res = bench.main(["--no-speed", "--efficacy", "--efficacy-configs", "config/grpo.py:tiny", "--efficacy-seeds", "1,2",
+                      "--efficacy-parallel", "2", "--efficacy-epochs", "2", "--efficacy-eval-freq", "1",
+                      "--threads", "1", "--malloc", "default",
+                      "--set", "sample.num_steps=3", "sample.batch_size=4", "train.batch_size=4",
+                      "sample.num_batches_per_epoch=2", "sample.k=4", "train.min_step_std=0", "eval.num_samples=8",
+                      "eval.batch_size=8", "eval.pass_at_k=0", "--run-timeout", "300", "--out", str(tmp_path)])
+    eff = res["efficacy"]
+    assert eff["seeds"] == [1, 2] and eff["parallel"] == 2 and list(eff["runs"]) == ["tiny_s1", "tiny_s2"]
+    s1, s2 = eff["runs"]["tiny_s1"], eff["runs"]["tiny_s2"]
+    assert "error" not in s1 and "error" not in s2, (s1.get("error"), s2.get("error"))
+    assert s1["overrides"] == ["seed=1"] and s2["overrides"] == ["seed=2"]
+    assert s1["start"] == s2["start"]  # the eval does not depend on the training seed
+    for e in (s1, s2):
+        # evals before epochs 0 and 1, and after the last: 0, 8 and 16 samples trained
+        assert [p["samples"] for p in e["curve"]] == [0, 8, 16]
+        assert e["curve"][0]["metric"] == e["start"]  # epoch 0's eval is the untrained model's
+        assert e["final"] == e["curve"][-1]["metric"]
