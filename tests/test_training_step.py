@@ -81,3 +81,36 @@ def test_nonfinite_loss_is_skipped_and_counted():
     for p in ctx.unet.parameters():
         assert torch.isfinite(p).all()
     assert any(not torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
+
+
+def _first_call_step(ctx, unet, samples):
+    """policy_step on the epoch's first training call (its samples x timesteps), with the given weights."""
+    from ddpo_grpo.core.policy_step import policy_step
+    from ddpo_grpo.trainer.training import training_calls
+
+    calls, _ = training_calls(N, T, ctx.config, epoch=0, inner=0, rank=0, per_call=2)
+    idx, cols = calls[0]
+    rows, c = idx.repeat_interleave(cols.shape[1]), cols.reshape(-1)
+    with torch.no_grad():
+        return policy_step(unet, ctx.pipe.scheduler, SamplerSettings(guidance_scale=2.0), samples.latents[rows, c],
+                           samples.timesteps[c], samples.step_indices[c], samples.embeds[rows],
+                           samples.neg_embeds[rows], prev_sample=samples.latents[rows, c + 1])
+
+
+def test_policy_shift_kl_is_the_exact_gaussian_kl_of_the_update():
+    import copy
+
+    ctx = make_ctx(per_call=2, lr=1e-3)
+    samples, adv = make_samples(ctx)
+    start = copy.deepcopy(ctx.unet)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    before, after = _first_call_step(ctx, start, samples), _first_call_step(ctx, ctx.unet, samples)
+    # hand-computed: mean over rows and dims of (mu_after - mu_before)^2 / (2 std^2), std the step's own
+    hand = float(((after.mean - before.mean) ** 2 / (2 * before.std ** 2)).mean())
+    assert hand > 0 and abs(m["policy_shift_kl"] - hand) <= 1e-6 * hand
+
+
+def test_policy_shift_kl_is_zero_when_nothing_moves():
+    ctx = make_ctx(per_call=2, lr=0.0)
+    samples, adv = make_samples(ctx)
+    assert train_epoch(ctx, samples, adv, epoch=0)["policy_shift_kl"] == 0.0

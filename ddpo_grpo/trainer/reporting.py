@@ -83,6 +83,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
             + f" | loss {train_metrics.get('loss', float('nan')):.4g} ratio {train_metrics.get('ratio_mean', float('nan')):.6f}"
             f" clipfrac {train_metrics.get('clipfrac', float('nan')):.3f} kl {train_metrics.get('kl', 0.0):.2e}"
             f" onpolicy|r-1| {train_metrics.get('onpolicy_ratio_max_dev', float('nan')):.1e}"
+            + (f" shift {train_metrics['policy_shift_kl']:.1e}" if "policy_shift_kl" in train_metrics else "")
             + (f" | invalid rewards {adv.invalid_count} excluded, {adv.excluded_groups} groups dropped" if adv.invalid_count else "")
             + (f" | non-finite losses {train_metrics['nonfinite_loss']:.0f} skipped" if train_metrics.get("nonfinite_loss") else "")
             + f" | {m['time/epoch']:.1f}s")

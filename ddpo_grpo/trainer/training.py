@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ddpo_grpo.core.policy_step import policy_step
-from ddpo_grpo.core.loss import KLInputs, grpo_loss
+from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 
@@ -44,8 +44,8 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
         times = []
         for _ in range(2):  # the first call pays for allocation; keep the faster
             t0 = time.perf_counter()
-            loss, _ = _call_loss(ctx, settings, samples, adv.to(ctx.accelerator.device), mask.to(ctx.accelerator.device),
-                                 idx, cols, None, params)
+            loss, _, _ = _call_loss(ctx, settings, samples, adv.to(ctx.accelerator.device),
+                                    mask.to(ctx.accelerator.device), idx, cols, None, params)
             loss.backward()
             times.append((time.perf_counter() - t0) / (b * S))
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -135,6 +135,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
             probe = torch.tensor(probe_timesteps_per_call(ctx, samples, settings), device=device)
             ctx.state.timesteps_per_call = int(acc.gather(probe.reshape(1)).max())  # every process must agree
         per_call = ctx.state.timesteps_per_call
+    first = None  # (idx, cols, step mean, std) of the epoch's first call, under the sampling policy
     for inner in range(config.train.num_inner_epochs):
         calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
                                        trainable_columns(samples, config))
@@ -145,16 +146,20 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                 last = ci == len(chunk) - 1
                 sync = contextlib.nullcontext() if last else acc.no_sync(ctx.unet)
                 with sync:
-                    loss, m = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
+                    loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
                     acc.backward(loss / len(chunk))
                 for key, v in m.items():
                     logs[key].append(v)
-                if inner == 0 and start == 0 and "_ratio_dev" in m:
+                if inner == 0 and start == 0:
                     # No optimizer step has happened yet in this epoch: the policy is the sampling policy.
-                    logs["onpolicy_ratio_max_dev"].append(m["_ratio_dev"])
+                    if "_ratio_dev" in m:
+                        logs["onpolicy_ratio_max_dev"].append(m["_ratio_dev"])
+                    if ci == 0:
+                        first = (idx, cols, res.mean.detach().float(), res.std.detach())
             optimizer_step(ctx, params, logs)
     counts = ("skipped_steps", "nonfinite_loss")
     out = {k: float(np.mean(v)) for k, v in logs.items() if k not in counts and not k.startswith("_")}
+    out["policy_shift_kl"] = policy_shift_kl(ctx, settings, samples, *first)
     if "onpolicy_ratio_max_dev" in logs:
         out["onpolicy_ratio_max_dev"] = float(np.max(logs["onpolicy_ratio_max_dev"]))
     for k in counts:
@@ -165,19 +170,11 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
 
 
 def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params):
-    """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows."""
+    """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows.
+    Returns (loss, metrics, the policy's StepResult on those rows)."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
-    b, S = cols.shape
-    rows = idx.repeat_interleave(S)
-    c = cols.reshape(-1)
-    x = samples.latents[rows, c].to(device)
-    nxt = samples.latents[rows, c + 1].to(device)
-    t = samples.timesteps[c].to(device)
-    si = samples.step_indices[c]
-    emb = samples.embeds[rows].to(device)
-    neg = samples.neg_embeds[rows].to(device) if samples.neg_embeds is not None and settings.guidance_scale != 1.0 else None
-    cond = samples.cond_channels[rows].to(device) if samples.cond_channels is not None else None
+    rows, c, (x, nxt, t, si, emb, neg, cond) = _call_inputs(ctx, settings, samples, idx, cols)
     old = samples.log_probs[rows, c].to(device)
     a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
     keep = mask[rows.to(device)]
@@ -213,4 +210,38 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
     if not torch.isfinite(loss):
         metrics = {"nonfinite_loss": 1.0}
         loss = zero_loss(params)
-    return loss, metrics
+    return loss, metrics, res
+
+
+def _call_inputs(ctx, settings, samples, idx, cols):
+    """The rows of one call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows.
+    Returns (rows (b*S,), columns (b*S,), policy_step's inputs (x, prev_sample, t, step_index, embeds,
+    neg_embeds, cond_channels))."""
+    device = ctx.accelerator.device
+    S = cols.shape[1]
+    rows = idx.repeat_interleave(S)
+    c = cols.reshape(-1)
+    x = samples.latents[rows, c].to(device)
+    nxt = samples.latents[rows, c + 1].to(device)
+    t = samples.timesteps[c].to(device)
+    si = samples.step_indices[c]
+    emb = samples.embeds[rows].to(device)
+    neg = samples.neg_embeds[rows].to(device) if samples.neg_embeds is not None and settings.guidance_scale != 1.0 else None
+    cond = samples.cond_channels[rows].to(device) if samples.cond_channels is not None else None
+    return rows, c, (x, nxt, t, si, emb, neg, cond)
+
+
+def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor, std) -> float:
+    """How far the epoch's update moved the policy: the exact KL between the step Gaussians of the sampling
+    policy (mean_before, (b*S, C, H, W), from the epoch's first call) and the policy after the update, on the
+    same rows, averaged over dimensions like the log-prob (core.loss.kl_penalty, "gaussian"), mean over rows.
+
+    Why: the DDPO log-prob is a mean over thousands of dimensions, so a mean shift that redraws the image moves
+    it (and the clipped ratio, and approx_kl) by ~1e-3 at most; with one optimizer step per epoch the ratio is
+    exactly 1 at every call. This KL is what a trust region on these steps has to bound (docs/efficacy.md)."""
+    _, _, (x, nxt, t, si, emb, neg, cond) = _call_inputs(ctx, settings, samples, idx, cols)
+    with torch.no_grad(), ctx.accelerator.autocast():
+        res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
+                          cond_channels=cond)
+    kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=mean_before, std=std), "gaussian")
+    return float(kl.mean())
