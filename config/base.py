@@ -84,6 +84,11 @@ def get_config() -> ml_collections.ConfigDict:
     # After warmup: "constant", or a decay to 0 over the run's epochs, "cosine" or "linear" (per epoch, so that
     # the last epochs take small steps and a run ends near its best instead of wherever the last steps left it).
     config.train.lr_schedule = "constant"
+    # > 0 (grpo): adapt the lr every epoch so that the update's policy shift (train/policy_shift_kl: the exact KL
+    # between the step Gaussians before and after the epoch's update, mean over dims) stays near this value:
+    # lr / 1.5 above 2x, lr * 1.5 below 0.5x (PPO's adaptive rule). The clipped ratio cannot bound that shift
+    # (docs/efficacy.md). 0 = off: the lr follows lr_schedule alone.
+    config.train.target_shift_kl = 0.0
     config.train.adam_beta1 = 0.9
     config.train.adam_beta2 = 0.999
     config.train.adam_weight_decay = 1e-4

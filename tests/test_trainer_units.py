@@ -133,6 +133,9 @@ def _config(name="tiny"):
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_adv_scale", 0.0)), "nft_adv_scale=0.0"),
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_old_decay", 1.0)), "nft_old_decay=1.0"),
     (lambda c: setattr(c.train, "nft_old_decay", 0.5), "needs train.objective='nft'"),
+    (lambda c: setattr(c.train, "target_shift_kl", -1e-3), "target_shift_kl=-0.001 must be >= 0"),
+    (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "target_shift_kl", 1e-3)),
+     "needs train.objective='grpo'"),
     (lambda c: setattr(c.train, "forward_noise_min", 1.0), "need 0 <= min < max <= 1"),
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
@@ -168,6 +171,20 @@ def test_lr_schedule_warmup_is_diffusers_and_decay_follows_the_epoch():
     assert lin(100) == 0.75 and const(100) == 1.0
     state.epoch = 35
     assert 0 < cos(100) < 0.002 and lin(100) == pytest.approx(1 / 36)
+    state.lr_scale = 0.25  # train.target_shift_kl's factor multiplies every schedule
+    assert const(100) == 0.25 and const(3) == 0.125 and lin(100) == pytest.approx(0.25 / 36)
+
+
+def test_adaptive_lr_scale_follows_the_policy_shift():
+    from ddpo_grpo.trainer.build import LR_SCALE_BOUNDS, adapt_lr_scale
+
+    assert adapt_lr_scale(1.0, 2.1e-3, 1e-3) == 1 / 1.5  # over twice the target: smaller steps
+    assert adapt_lr_scale(1.0, 0.49e-3, 1e-3) == 1.5  # under half of it: larger steps
+    assert adapt_lr_scale(0.3, 1e-3, 1e-3) == 0.3 and adapt_lr_scale(0.3, 2e-3, 1e-3) == 0.3  # in the band: kept
+    assert adapt_lr_scale(0.3, 0.5e-3, 1e-3) == 0.3
+    assert adapt_lr_scale(1.0, float("nan"), 1e-3) == 1 / 1.5  # a non-finite shift never raises the lr
+    assert adapt_lr_scale(LR_SCALE_BOUNDS[0], 1.0, 1e-3) == LR_SCALE_BOUNDS[0]
+    assert adapt_lr_scale(LR_SCALE_BOUNDS[1], 0.0, 1e-3) == LR_SCALE_BOUNDS[1]
 
 
 def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):

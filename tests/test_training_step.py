@@ -3,11 +3,12 @@ reference, and a non-finite loss that is skipped and counted instead of reaching
 import types
 
 import ml_collections
+import pytest
 import torch
 from accelerate import Accelerator
 
 from ddpo_grpo.trainer.advantages import EpochAdvantages
-from ddpo_grpo.trainer.build import RunState
+from ddpo_grpo.trainer.build import RunState, lr_factor
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings
 from ddpo_grpo.core.reference import EMAReference
@@ -31,11 +32,12 @@ def make_ctx(beta=0.0, per_call=1, lr=1e-4):
     unet = tiny_unet()
     unet.requires_grad_(True)
     opt = torch.optim.AdamW(unet.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    state = RunState()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor("constant", 0, 1, state))  # the trainer's, as built
     ref = EMAReference(unet, alpha=0.5, update_freq=1) if beta > 0 else None
     pipe = types.SimpleNamespace(scheduler=ddim_scheduler(), family="ddim")
     return types.SimpleNamespace(config=cfg, accelerator=acc, unet=unet, optimizer=opt, lr_scheduler=sched,
-                                 reference=ref, supervised=None, state=RunState(), pipe=pipe)
+                                 reference=ref, supervised=None, state=state, pipe=pipe)
 
 
 def make_samples(ctx):
@@ -114,3 +116,16 @@ def test_policy_shift_kl_is_zero_when_nothing_moves():
     ctx = make_ctx(per_call=2, lr=0.0)
     samples, adv = make_samples(ctx)
     assert train_epoch(ctx, samples, adv, epoch=0)["policy_shift_kl"] == 0.0
+
+
+def test_target_shift_kl_sets_the_next_steps_lr_and_the_run_state():
+    ctx = make_ctx(per_call=2, lr=1e-3)
+    ctx.config.train.target_shift_kl = 1e-30  # any update shifts the policy by more: the lr must come down
+    samples, adv = make_samples(ctx)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    assert m["policy_shift_kl"] > 2e-30 and m["lr_scale"] == ctx.state.lr_scale == 1 / 1.5
+    assert ctx.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 / 1.5, rel=1e-12)
+    ctx.config.train.target_shift_kl = 1e30  # far under target: back up, from the scale it had
+    m = train_epoch(ctx, samples, adv, epoch=1)
+    assert ctx.state.lr_scale == pytest.approx(1.0) and ctx.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert m["lr"] == pytest.approx(1e-3 / 1.5)  # this epoch's steps ran at the scale the last epoch set

@@ -30,14 +30,16 @@ class RunState:
     global_step: int = 0  # optimizer steps taken
     history: list = field(default_factory=list)  # per-epoch reward means, for the reward curve
     timesteps_per_call: int = 0  # chosen by the auto probe (train.timesteps_per_call = 0)
+    lr_scale: float = 1.0  # train.target_shift_kl's adaptive factor on the learning rate (adapt_lr_scale)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"epoch": self.epoch, "global_step": self.global_step, "history": list(self.history),
-                "timesteps_per_call": self.timesteps_per_call}
+                "timesteps_per_call": self.timesteps_per_call, "lr_scale": self.lr_scale}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.epoch, self.global_step, self.history = state["epoch"], state["global_step"], list(state["history"])
         self.timesteps_per_call = int(state.get("timesteps_per_call", 0))
+        self.lr_scale = float(state.get("lr_scale", 1.0))
 
 
 @dataclass
@@ -156,6 +158,11 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"train.forward_noise_min={lo}, train.forward_noise_max={hi}: need 0 <= min < max <= 1")
     if not 0 <= t.get("nft_old_decay", 0.0) < 1:
         raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} must be in [0, 1)")
+    if not t.get("target_shift_kl", 0.0) >= 0:
+        raise ConfigError(f"train.target_shift_kl={t.target_shift_kl} must be >= 0 (0 = off)")
+    if t.get("target_shift_kl", 0.0) > 0 and t.objective != "grpo":
+        raise ConfigError(f"train.target_shift_kl={t.target_shift_kl} adapts the lr to the GRPO update's policy shift: "
+                          f"it needs train.objective='grpo' (got {t.objective!r})")
     if t.get("nft_old_decay", 0.0) > 0 and t.objective != "nft":
         raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} is DiffusionNFT's soft update of the sampling "
                           f"policy: it needs train.objective='nft' (got {t.objective!r})")
@@ -206,6 +213,7 @@ def lr_factor(schedule: str, warmup_steps: int, num_epochs: int, state: RunState
 
     def factor(step: int) -> float:
         w = float(step) / float(max(1.0, warmup_steps)) if step < warmup_steps else 1.0
+        w *= state.lr_scale  # 1.0 unless train.target_shift_kl adapts it
         progress = min(max(state.epoch / max(num_epochs, 1), 0.0), 1.0)
         if schedule == "cosine":
             return w * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -214,6 +222,23 @@ def lr_factor(schedule: str, warmup_steps: int, num_epochs: int, state: RunState
         return w
 
     return factor
+
+
+LR_SCALE_BOUNDS = (1e-2, 1e2)  # the adaptive factor stays within these multiples of train.learning_rate
+
+
+def adapt_lr_scale(scale: float, shift_kl: float, target: float) -> float:
+    """train.target_shift_kl: the next epoch's lr factor from this epoch's policy shift (training.policy_shift_kl),
+    the adaptive rule of PPO implementations (rl_games' "adaptive" schedule): divide by 1.5 when the shift was
+    over twice the target (or not finite), multiply by 1.5 when under half of it, keep it in between; clamped to
+    LR_SCALE_BOUNDS. Why: the clipped ratio of a mean-over-dims log-prob does not see a shift that redraws the
+    image, so the step size, not the clip, decides whether an update breaks the model (docs/efficacy.md), and a
+    fixed lr that is safe early is too slow later, or the other way round."""
+    if not math.isfinite(shift_kl) or shift_kl > 2.0 * target:
+        scale /= 1.5
+    elif shift_kl < 0.5 * target:
+        scale *= 1.5
+    return min(max(scale, LR_SCALE_BOUNDS[0]), LR_SCALE_BOUNDS[1])
 
 
 def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:

@@ -18,6 +18,7 @@ from ddpo_grpo.core.policy_step import policy_step
 from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
+from .build import adapt_lr_scale
 
 
 def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
@@ -160,6 +161,13 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     counts = ("skipped_steps", "nonfinite_loss")
     out = {k: float(np.mean(v)) for k, v in logs.items() if k not in counts and not k.startswith("_")}
     out["policy_shift_kl"] = policy_shift_kl(ctx, settings, samples, *first)
+    target = config.train.get("target_shift_kl", 0.0)
+    if target > 0:
+        scale = adapt_lr_scale(ctx.state.lr_scale, out["policy_shift_kl"], target)
+        for g in ctx.optimizer.param_groups:  # the next step's lr, not one step later (the scheduler's next call)
+            g["lr"] *= scale / ctx.state.lr_scale
+        ctx.state.lr_scale = scale
+    out["lr_scale"] = ctx.state.lr_scale
     if "onpolicy_ratio_max_dev" in logs:
         out["onpolicy_ratio_max_dev"] = float(np.max(logs["onpolicy_ratio_max_dev"]))
     for k in counts:
@@ -244,4 +252,5 @@ def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor
         res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
                           cond_channels=cond)
     kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=mean_before, std=std), "gaussian")
-    return float(kl.mean())
+    # every process must see the same value (train.target_shift_kl sets each process's lr from it)
+    return float(ctx.accelerator.gather(kl.mean().reshape(1)).mean())
