@@ -359,3 +359,21 @@ def test_too_few_conditions_for_the_geometry_fails_in_validation():
         validate_config(c, num_processes=2)
     c.data.num_conditions = 16
     validate_config(c, num_processes=2)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_colour", "tiny_colour_nft", "tiny_colour_grpo", "ddpo", "tiny_per_step",
+                                  "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_tiny"])
+def test_named_configs_validate(name):
+    from ddpo_grpo.trainer.build import validate_config
+
+    validate_config(_config(name), 1)  # raises ConfigError on a broken named config
+
+
+def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
+    from ddpo_grpo.trainer.training import training_calls
+
+    c = _config("tiny_colour_grpo")
+    n = c.sample.batch_size * c.sample.num_batches_per_epoch
+    calls, per_mb = training_calls(n, 10, c, epoch=0, inner=0, rank=0, per_call=1, columns=torch.tensor([0, 1]))
+    assert n == 256 and n // c.sample.k == 32
+    assert len(calls) == c.train.gradient_accumulation_steps * per_mb  # every call of the epoch in one step
