@@ -14,7 +14,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ddpo_grpo.core.policy_step import policy_step
+from ddpo_grpo.core.policy_step import StepResult, policy_step
 from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
@@ -182,7 +182,7 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
     Returns (loss, metrics, the policy's StepResult on those rows)."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
-    rows, c, (x, nxt, t, si, emb, neg, cond) = _call_inputs(ctx, settings, samples, idx, cols)
+    rows, c, inputs = _call_inputs(ctx, settings, samples, idx, cols)
     old = samples.log_probs[rows, c].to(device)
     a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
     keep = mask[rows.to(device)]
@@ -191,10 +191,9 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         # The reference is swapped into the policy's parameters in place, so its forward must come
         # before the policy forward whose graph we backpropagate.
         with torch.no_grad(), ctx.reference.swapped(), acc.autocast():
-            ref_res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
-                                  cond_channels=cond)
+            ref_res = _score(ctx, settings, inputs)
     with acc.autocast():
-        res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt, cond_channels=cond)
+        res = _score(ctx, settings, inputs)
     ref = None
     if ref_res is not None:
         ref = KLInputs(mean=res.mean[keep], ref_mean=ref_res.mean[keep], std=res.std[keep] if res.std.ndim else res.std,
@@ -239,6 +238,14 @@ def _call_inputs(ctx, settings, samples, idx, cols):
     return rows, c, (x, nxt, t, si, emb, neg, cond)
 
 
+def _score(ctx, settings, inputs) -> StepResult:
+    """policy_step on a call's stored transitions (x_t -> x_prev, from _call_inputs) with the unet's current
+    weights: the policy's log-probs and means, or the reference's when it is swapped in."""
+    x, nxt, t, si, emb, neg, cond = inputs
+    return policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
+                       cond_channels=cond)
+
+
 def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor, std) -> float:
     """How far the epoch's update moved the policy: the exact KL between the step Gaussians of the sampling
     policy (mean_before, (b*S, C, H, W), from the epoch's first call) and the policy after the update, on the
@@ -247,10 +254,8 @@ def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor
     Why: the DDPO log-prob is a mean over thousands of dimensions, so a mean shift that redraws the image moves
     it (and the clipped ratio, and approx_kl) by ~1e-3 at most; with one optimizer step per epoch the ratio is
     exactly 1 at every call. This KL is what a trust region on these steps has to bound (docs/efficacy.md)."""
-    _, _, (x, nxt, t, si, emb, neg, cond) = _call_inputs(ctx, settings, samples, idx, cols)
     with torch.no_grad(), ctx.accelerator.autocast():
-        res = policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
-                          cond_channels=cond)
+        res = _score(ctx, settings, _call_inputs(ctx, settings, samples, idx, cols)[2])
     kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=mean_before, std=std), "gaussian")
     # every process must see the same value (train.target_shift_kl sets each process's lr from it)
     return float(ctx.accelerator.gather(kl.mean().reshape(1)).mean())
