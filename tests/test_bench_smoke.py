@@ -4,6 +4,8 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,3 +102,47 @@ def test_efficacy_two_seeds_in_parallel(tmp_path):
         assert [p["samples"] for p in e["curve"]] == [0, 8, 16]
         assert e["curve"][0]["metric"] == e["start"]  # epoch 0's eval is the untrained model's
         assert e["final"] == e["curve"][-1]["metric"]
+
+
+def test_efficacy_from_run_folders(tmp_path):
+    """--efficacy-runs: curves of finished runs (summary.json) and of unfinished ones (the newest complete
+    checkpoint's run state; a half-written .tmp- checkpoint is never read), with samples summed over the epochs
+    trained before each eval, and the target halfway from the lowest start to the best final value."""
+    import torch
+
+    bench = load_bench()
+
+    def epoch(e, samples, ev=None):
+        h = {"epoch": e, "reward_mean": 0.5, "time": 10.0 + (3.0 if ev is not None else 0.0),
+             "phases": {"eval": 3.0} if ev is not None else {}, "samples": samples}
+        if ev is not None:
+            h.update({"eval_reward_mean": ev, "eval/toyworld/strict_accuracy": ev, "eval/pass_at_1_stochastic": ev + 0.125})
+        return h
+
+    done = tmp_path / "done"
+    done.mkdir()
+    hist = [epoch(0, 64, 0.25), epoch(1, 64), epoch(2, 64, 0.5), epoch(3, 64)]
+    final = {"eval/reward_mean": 0.75, "eval/toyworld/strict_accuracy": 0.75, "eval/pass_at_1_stochastic": 0.875}
+    (done / "summary.json").write_text(json.dumps({"seconds": 1.0, "history": hist, "final_eval": final}))
+    going = tmp_path / "going"
+    for name, h in (("checkpoint_00002", [epoch(0, 32, 0.375), epoch(1, 32)]),
+                    ("checkpoint_00004", [epoch(0, 32, 0.375), epoch(1, 32), epoch(2, 32, 0.4375), epoch(3, 32)]),
+                    (".tmp-checkpoint_00006", [epoch(0, 32, 0.0)])):
+        (going / "checkpoints" / name).mkdir(parents=True)
+        torch.save({"epoch": len(h), "global_step": 0, "history": h}, going / "checkpoints" / name / "custom_checkpoint_0.pkl")
+
+    res = bench.main(["--no-speed", "--efficacy-runs", f"{done},{going}", "--out", str(tmp_path / "out")])
+    eff = res["efficacy"]
+    d, g = eff["runs"]["done"], eff["runs"]["going"]
+    assert [(p["epoch"], p["samples"], p["metric"]) for p in d["curve"]] == [(0, 0, 0.25), (2, 128, 0.5), (4, 256, 0.75)]
+    assert [p["wall_s"] for p in d["curve"]] == [0.0, 20.0, 40.0]  # eval seconds left out
+    assert [(p["epoch"], p["samples"], p["metric"]) for p in g["curve"]] == [(0, 0, 0.375), (2, 64, 0.4375)]
+    assert g["source"].endswith("checkpoint_00004/custom_checkpoint_0.pkl")
+    assert eff["start"] == 0.25 and eff["target"] == 0.5  # 0.25 + (0.75 - 0.25) / 2
+    assert d["to_target"] == {"reached": True, "epoch": 2, "samples": 128, "samples_interp": 128.0, "wall_s": 20.0}
+    assert g["to_target"]["reached"] is False
+    res = bench.main(["--no-speed", "--efficacy-runs", str(done), "--metric", "eval/pass_at_1_stochastic",
+                      "--out", str(tmp_path / "out2")])
+    assert [p["metric"] for p in res["efficacy"]["runs"]["done"]["curve"]] == [0.375, 0.625, 0.875]
+    with pytest.raises(SystemExit, match="neither summary.json nor a checkpoint"):
+        bench.main(["--no-speed", "--efficacy-runs", str(tmp_path / "out"), "--out", str(tmp_path / "out3")])

@@ -70,7 +70,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
             entry[k] = v
     if "eval/reward_mean" in eval_metrics:
         entry["eval_reward_mean"] = eval_metrics["eval/reward_mean"]
-        entry.update({k: v for k, v in eval_metrics.items() if k.endswith("_accuracy")})
+        entry.update({k: v for k, v in eval_metrics.items() if k.endswith("_accuracy") or k.startswith("eval/pass_at")})
     ctx.state.history.append(entry)
     if acc.is_main_process and config.logging.image_freq and epoch % config.logging.image_freq == 0:
         n = min(config.logging.num_images, len(samples))
