@@ -129,3 +129,85 @@ def test_target_shift_kl_sets_the_next_steps_lr_and_the_run_state():
     m = train_epoch(ctx, samples, adv, epoch=1)
     assert ctx.state.lr_scale == pytest.approx(1.0) and ctx.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
     assert m["lr"] == pytest.approx(1e-3 / 1.5)  # this epoch's steps ran at the scale the last epoch set
+
+
+def _step(unet, ctx, samples, rows, c):
+    from ddpo_grpo.core.policy_step import policy_step
+
+    with torch.no_grad():
+        return policy_step(unet, ctx.pipe.scheduler, SamplerSettings(guidance_scale=2.0), samples.latents[rows, c],
+                           samples.timesteps[c], samples.step_indices[c], samples.embeds[rows],
+                           samples.neg_embeds[rows], prev_sample=samples.latents[rows, c + 1])
+
+
+def test_untrained_columns_complement_the_trained_ones():
+    from ddpo_grpo.trainer.training import trainable_columns, untrained_columns
+
+    ctx = make_ctx()
+    samples, _ = make_samples(ctx)
+    ctx.config.train.min_step_std = 0.5
+    samples.step_std = torch.tensor([0.9, 0.6, 0.4, 0.01])
+    assert trainable_columns(samples, ctx.config).tolist() == [0, 1]
+    assert untrained_columns(samples, ctx.config).tolist() == [2, 3]
+    ctx.config.train.min_step_std = 0.0  # every step trained: nothing left for kl_steps="all"
+    assert untrained_columns(samples, ctx.config).tolist() == []
+
+
+def test_untrained_kl_is_the_gaussian_kl_with_the_std_clamped():
+    import copy
+
+    from ddpo_grpo.trainer.training import untrained_kl
+
+    ctx = make_ctx(beta=0.1)
+    ctx.reference = EMAReference(ctx.unet, alpha=1.0, update_freq=1)  # a frozen copy of the start weights
+    samples, _ = make_samples(ctx)
+    settings = SamplerSettings(guidance_scale=2.0)
+    idx, cols = torch.tensor([0, 3, 5]), torch.tensor([[1], [3], [2]])
+    ctx.config.train.min_step_std = 0.0
+    assert float(untrained_kl(ctx, settings, samples, idx, cols).detach()) == 0.0  # policy == reference
+    start = copy.deepcopy(ctx.unet)
+    with torch.no_grad():
+        for p in ctx.unet.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    rows, c = idx, cols.reshape(-1)
+    pol, ref = _step(ctx.unet, ctx, samples, rows, c), _step(start, ctx, samples, rows, c)
+    for floor in (0.0, 0.5):
+        ctx.config.train.min_step_std = floor
+        std = torch.as_tensor(pol.std).clamp(min=floor)
+        hand = float(((pol.mean - ref.mean) ** 2 / (2 * std ** 2)).mean())
+        got = float(untrained_kl(ctx, settings, samples, idx, cols).detach())
+        assert hand > 0 and abs(got - hand) <= 1e-5 * hand, (floor, got, hand)
+    assert float(pol.std.min()) < 0.5  # the clamp mattered for at least one row
+
+
+def test_kl_steps_all_pulls_the_untrained_steps_towards_the_reference():
+    """Advantages all zero (no policy gradient) and a policy moved away from a frozen reference: with kl_steps
+    "trained" the KL pulls only at the trained steps; with "all" it is also taken, logged and trained at the
+    untrained ones, so the untrained steps' means come back towards the reference."""
+    import copy
+
+    def run(kl_steps):
+        torch.manual_seed(0)
+        ctx = make_ctx(beta=1.0, lr=1e-3)
+        samples, adv = make_samples(ctx)
+        ref_unet = copy.deepcopy(ctx.unet)
+        ctx.reference = EMAReference(ctx.unet, alpha=1.0, update_freq=1)  # frozen: ref_unet's weights
+        with torch.no_grad():
+            for p in ctx.unet.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        ctx.config.train.update(min_step_std=0.5, kl_steps=kl_steps)
+        samples.step_std = torch.tensor([1.0, 1.0, 0.1, 0.1])  # columns 0-1 trained, 2-3 not
+        adv.advantages.zero_()
+        rows = torch.arange(N).repeat(2)
+        c = torch.tensor([2] * N + [3] * N)
+        dist = lambda: float(((_step(ctx.unet, ctx, samples, rows, c).mean  # noqa: E731
+                                - _step(ref_unet, ctx, samples, rows, c).mean) ** 2).mean())
+        before = dist()
+        m = train_epoch(ctx, samples, adv, epoch=0)
+        return before, dist(), m
+
+    before, after_trained, m_trained = run("trained")
+    before_all, after_all, m_all = run("all")
+    assert before == before_all > 0
+    assert "kl_untrained" not in m_trained and m_all["kl_untrained"] > 0
+    assert after_all < after_trained  # the untrained steps were pulled back only with "all"

@@ -8,6 +8,8 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 KL_TYPES = ("gaussian", "k3")
+# Where the KL to the reference is taken: at the trained steps, or at every step (trainer/training.py).
+KL_STEPS = ("trained", "all")
 
 
 @dataclass

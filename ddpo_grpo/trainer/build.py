@@ -13,6 +13,7 @@ import torch
 
 from ddpo_grpo.core.families import family_of_scheduler, get_family
 from ddpo_grpo.core.forward_loss import OBJECTIVES
+from ddpo_grpo.core.loss import KL_STEPS
 from ddpo_grpo.core.sde_with_logprob import SDE_TYPES
 from ddpo_grpo.core.stat_tracking import STD_MODES
 from ddpo_grpo.errors import ConfigError
@@ -151,6 +152,11 @@ def validate_config(config, num_processes: int) -> str:
     if t.objective != "grpo" and (t.beta > 0 or t.sup_weight > 0):
         raise ConfigError(f"train.objective={t.objective!r} trains on the sampled images alone: set train.beta=0 "
                           "and train.sup_weight=0 (the KL and the supervised term belong to the 'grpo' objective)")
+    if t.get("kl_steps", "trained") not in KL_STEPS:
+        raise ConfigError(f"train.kl_steps={t.kl_steps!r}; choose one of {KL_STEPS}")
+    if t.get("kl_steps", "trained") == "all" and not (t.beta > 0 and t.kl_type == "gaussian"):
+        raise ConfigError("train.kl_steps='all' takes the KL at the untrained steps too: it needs train.beta > 0 and "
+                          f"train.kl_type='gaussian' (got beta={t.beta}, kl_type={t.kl_type!r})")
     if t.objective == "nft" and t.nft_adv_scale <= 0:
         raise ConfigError(f"train.nft_adv_scale={t.nft_adv_scale} must be > 0")
     lo, hi = t.get("forward_noise_min", 0.0), t.get("forward_noise_max", 1.0)

@@ -66,6 +66,14 @@ def trainable_columns(samples: EpochSamples, config) -> torch.Tensor:
     return cols if len(cols) else torch.arange(T)
 
 
+def untrained_columns(samples: EpochSamples, config) -> torch.Tensor:
+    """The stored steps trainable_columns leaves out (empty when every step is trained)."""
+    T = samples.log_probs.shape[1]
+    keep = torch.ones(T, dtype=torch.bool)
+    keep[trainable_columns(samples, config)] = False
+    return torch.nonzero(keep).flatten()
+
+
 def steps_per_sample(n_columns: int, config) -> int:
     """How many of a sample's n_columns trainable steps (GRPO) or noise levels (the forward objectives) one pass
     trains: round(n_columns * train.timestep_fraction), at least 1."""
@@ -137,15 +145,27 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
             ctx.state.timesteps_per_call = int(acc.gather(probe.reshape(1)).max())  # every process must agree
         per_call = ctx.state.timesteps_per_call
     first = None  # (idx, cols, step mean, std) of the epoch's first call, under the sampling policy
+    untrained = untrained_columns(samples, config) if config.train.get("kl_steps", "trained") == "all" else None
     for inner in range(config.train.num_inner_epochs):
         calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
                                        trainable_columns(samples, config))
+        g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
+                                              .integers(2**62)))
         group = config.train.gradient_accumulation_steps * per_mb
         for start in range(0, len(calls), group):
             chunk = calls[start:start + group]
             for ci, (idx, cols) in enumerate(chunk):
                 last = ci == len(chunk) - 1
                 sync = contextlib.nullcontext() if last else acc.no_sync(ctx.unet)
+                if untrained is not None and len(untrained) and ci % per_mb == 0:
+                    # Once per micro-batch, each of its samples at one random step the gradient never trains. Its
+                    # own backward, never the synchronising one: the reference is swapped into the weights in
+                    # place, which must not happen while another call's graph waits for its backward.
+                    ucols = untrained[torch.randint(len(untrained), (len(idx), 1), generator=g)]
+                    with acc.no_sync(ctx.unet):
+                        kl_u = untrained_kl(ctx, settings, samples, idx, ucols)
+                        acc.backward(config.train.beta * kl_u / len(chunk))
+                    logs["kl_untrained"].append(float(kl_u.detach()))
                 with sync:
                     loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
                     acc.backward(loss / len(chunk))
@@ -218,6 +238,20 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         metrics = {"nonfinite_loss": 1.0}
         loss = zero_loss(params)
     return loss, metrics, res
+
+
+def untrained_kl(ctx, settings, samples, idx, cols) -> torch.Tensor:
+    """train.kl_steps = "all": the Gaussian KL to the reference (mean over dims and rows) of samples idx (b,) at
+    untrained timestep columns cols (b, 1). The std is clamped below at train.min_step_std: the near-deterministic
+    last steps (std ~ 0.005) would otherwise weigh 1/std^2 ~ 1e4 times more, the reason they are not trained."""
+    inputs = _call_inputs(ctx, settings, samples, idx, cols)[2]
+    with torch.no_grad(), ctx.reference.swapped(), ctx.accelerator.autocast():
+        ref = _score(ctx, settings, inputs)  # before the policy forward: the reference is swapped in in place
+    with ctx.accelerator.autocast():
+        res = _score(ctx, settings, inputs)
+    std = torch.as_tensor(res.std, dtype=torch.float32).clamp(min=float(ctx.config.train.min_step_std))
+    kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=ref.mean.float(), std=std), "gaussian")
+    return kl.mean()
 
 
 def _call_inputs(ctx, settings, samples, idx, cols):
