@@ -114,8 +114,9 @@ def run_efficacy(args, overrides: List[str], workdir: str, configs: List[str]) -
 
 def run_history(run_dir: str) -> tuple:
     """(history, final_eval, source) of a trainer run folder: summary.json when the run finished, else the
-    newest complete checkpoint's run state (a run still going, or stopped early), without a final eval."""
-    summary = os.path.join(run_dir, "summary.json")
+    newest complete checkpoint's run state (a run still going, or stopped early), without a final eval. A path to
+    a summary JSON itself (the bench's own runs/efficacy_<label>_summary.json) is read as it is."""
+    summary = run_dir if os.path.isfile(run_dir) else os.path.join(run_dir, "summary.json")  # or the file itself
     if os.path.isfile(summary):
         import json
 
@@ -139,7 +140,7 @@ def efficacy_from_runs(run_dirs: List[str], metric: str, target: Optional[float]
     for d in run_dirs:
         history, final_eval, source = run_history(d)
         pts = curve(history, metric, final_eval)
-        label = os.path.basename(os.path.normpath(d))
+        label = os.path.basename(os.path.normpath(d)).removesuffix("_summary.json").removesuffix(".json")
         # The start is the curve's own first point (the trainer evaluates before epoch 0 trains).
         out["runs"][label] = {"source": source, "curve": pts, "final": pts[-1]["metric"] if pts else None}
         out["epochs"] = max(out["epochs"] or 0, len(history))

@@ -144,5 +144,7 @@ def test_efficacy_from_run_folders(tmp_path):
     res = bench.main(["--no-speed", "--efficacy-runs", str(done), "--metric", "eval/pass_at_1_stochastic",
                       "--out", str(tmp_path / "out2")])
     assert [p["metric"] for p in res["efficacy"]["runs"]["done"]["curve"]] == [0.375, 0.625, 0.875]
+    res = bench.main(["--no-speed", "--efficacy-runs", str(done / "summary.json"), "--out", str(tmp_path / "out4")])
+    assert list(res["efficacy"]["runs"]) == ["summary"] and res["efficacy"]["runs"]["summary"]["final"] == 0.75
     with pytest.raises(SystemExit, match="neither summary.json nor a checkpoint"):
         bench.main(["--no-speed", "--efficacy-runs", str(tmp_path / "out"), "--out", str(tmp_path / "out3")])
