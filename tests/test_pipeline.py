@@ -57,7 +57,9 @@ def test_ratio_is_one_with_timestep_stacking(family):
     rows, cols = rows[perm], cols[perm]
     lp = _rescore(unet, sched, settings, emb, neg, traj, rows, cols)
     ratio = torch.exp(lp - traj.log_probs[rows, cols])
-    assert (ratio - 1).abs().max() < 1e-6
+    # Other rows in the call than at sampling: the kernels may sum in another order (one CPU thread: 1.7e-6
+    # measured); a wrong step, timestep or guidance moves the ratio by far more than 1e-5.
+    assert (ratio - 1).abs().max() < 1e-5
 
 
 def test_bf16_ratio_within_documented_bound():

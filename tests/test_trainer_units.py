@@ -381,3 +381,4 @@ def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
     calls, per_mb = training_calls(n, 10, c, epoch=0, inner=0, rank=0, per_call=1, columns=torch.tensor([0, 1]))
     assert n == 256 and n // c.sample.k == 32
     assert len(calls) == c.train.gradient_accumulation_steps * per_mb  # every call of the epoch in one step
+    assert c.train.beta == 0.04 and c.train.reference_model_mixup_alpha == 1.0  # KL to the frozen start model
