@@ -158,3 +158,24 @@ def test_checkpoint_for_another_setup_is_refused(tmp_path):
         check_compatible(ckpt, lora_cfg, "ddim")
     with pytest.raises(ConfigError, match="family: checkpoint 'ddim' vs config 'flow'"):
         check_compatible(ckpt, ctx.config, "flow")
+
+
+def test_resume_with_other_registered_objects_is_one_clear_error(tmp_path):
+    """A run saved without a KL reference, resumed with train.beta > 0 (or the other way round): one ConfigError
+    naming the settings, before accelerate's load_state would stop on a bare count."""
+    from ddpo_grpo.trainer.checkpointing import checkpointed_objects, load_checkpoint
+
+    ctx = _fake_ctx(tmp_path)
+    ctx.state.epoch = 1
+    ckpt = save_checkpoint(ctx, "ddim")
+    for i in range(2):  # run state, stat tracker: what a beta = 0 GRPO run saves
+        open(os.path.join(ckpt, f"custom_checkpoint_{i}.pkl"), "w").close()
+    loaded = []
+    ctx.accelerator.load_state = loaded.append
+    ctx.reference, ctx.old_policy = object(), None  # this config: train.beta > 0
+    assert checkpointed_objects(ctx) == ["run state", "stat tracker", "KL reference (train.beta > 0)"]
+    with pytest.raises(ConfigError, match=r"holds 2 saved run objects, this config 3 .*train\.beta"):
+        load_checkpoint(ctx, str(tmp_path), "ddim")
+    assert loaded == []
+    ctx.reference = None
+    assert load_checkpoint(ctx, str(tmp_path), "ddim") == ckpt and loaded == [ckpt]

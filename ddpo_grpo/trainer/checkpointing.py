@@ -102,8 +102,24 @@ def check_compatible(ckpt: str, config, family: str) -> None:
                           "resume with the config it was made with")
 
 
+def checkpointed_objects(ctx) -> list:
+    """What build_context registers for checkpointing, in order (custom_checkpoint_0.pkl, _1, ...)."""
+    names = ["run state", "stat tracker"]
+    if ctx.reference is not None:
+        names.append("KL reference (train.beta > 0)")
+    if getattr(ctx, "old_policy", None) is not None:
+        names.append("nft sampling policy (train.nft_old_decay > 0)")
+    return names
+
+
 def load_checkpoint(ctx, path: str, family: str) -> str:
     ckpt = resolve_resume(path)
     check_compatible(ckpt, ctx.config, family)
+    # accelerate would stop with a bare count mismatch deep in load_state: say which setting differs instead.
+    saved = len(glob.glob(os.path.join(ckpt, "custom_checkpoint_*.pkl")))
+    want = checkpointed_objects(ctx)
+    if saved != len(want):
+        raise ConfigError(f"checkpoint {ckpt} holds {saved} saved run objects, this config {len(want)} "
+                          f"({', '.join(want)}): resume with the train.beta and train.nft_old_decay it was made with")
     ctx.accelerator.load_state(ckpt)
     return ckpt
