@@ -124,9 +124,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.beta = 0.0  # KL weight to the reference; 0 skips the reference forward entirely
     config.train.kl_type = "gaussian"  # "gaussian" (exact for a step) | "k3" (Schulman, on logprobs)
     # "trained": the KL is taken at the trained steps only. "all": also at one random untrained step per sample and
-    # epoch (std clamped below at min_step_std), because the weights are shared over timesteps: the steps GRPO
-    # never scores drift as much as the trained ones, and the deterministic (eta = 0) sampler is what breaks
-    # (docs/efficacy.md). Needs beta > 0; costs one more forward+backward and reference forward per sample.
+    # epoch (std clamped below at min_step_std), because the weights are shared over timesteps and the steps GRPO
+    # never scores drift too. Needs beta > 0; costs one more forward+backward and reference forward per sample. On
+    # tiny_colour the KL at the trained steps alone already kept the eta = 0 sampler (docs/efficacy.md).
     config.train.kl_steps = "trained"
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start
     config.train.reference_update_freq = 1  # optimizer steps between reference mixes

@@ -149,8 +149,9 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     for inner in range(config.train.num_inner_epochs):
         calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
                                        trainable_columns(samples, config))
-        g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
-                                              .integers(2**62)))
+        if untrained is not None:  # which untrained step each sample gets: seeded like the call plan
+            g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
+                                                  .integers(2**62)))
         group = config.train.gradient_accumulation_steps * per_mb
         for start in range(0, len(calls), group):
             chunk = calls[start:start + group]
