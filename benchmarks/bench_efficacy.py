@@ -7,7 +7,7 @@ checkpoint's run state), so a long run trained by hand lands on the same table a
 from __future__ import annotations
 
 import concurrent.futures
-import glob
+import json
 import os
 from typing import Dict, List, Optional
 
@@ -118,20 +118,22 @@ def run_history(run_dir: str) -> tuple:
     a summary JSON itself (the bench's own runs/efficacy_<label>_summary.json) is read as it is."""
     summary = run_dir if os.path.isfile(run_dir) else os.path.join(run_dir, "summary.json")  # or the file itself
     if os.path.isfile(summary):
-        import json
-
         with open(summary) as f:
             s = json.load(f)
         return s["history"], s.get("final_eval"), summary
-    # checkpoint_NNNNN/custom_checkpoint_0.pkl is the RunState's state dict (trainer/build.py registers it first
-    # with accelerate); .tmp-* folders are half-written and never read.
-    states = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "checkpoint_*", "custom_checkpoint_0.pkl")))
-    if not states:
-        raise SystemExit(f"--efficacy-runs: {run_dir} has neither summary.json nor a checkpoint")
     import torch
 
-    state = torch.load(states[-1], weights_only=True)  # plain ints, floats, strings and lists
-    return state["history"], None, states[-1]
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer.checkpointing import resolve_resume
+
+    try:
+        ckpt = resolve_resume(run_dir)  # the trainer's own rule: the newest complete checkpoint, never a .tmp- one
+    except ConfigError:
+        raise SystemExit(f"--efficacy-runs: {run_dir} has neither summary.json nor a checkpoint") from None
+    # custom_checkpoint_0.pkl is the RunState's state dict (trainer/build.py registers it first with accelerate)
+    state_path = os.path.join(ckpt, "custom_checkpoint_0.pkl")
+    state = torch.load(state_path, weights_only=True)  # plain ints, floats, strings and lists
+    return state["history"], None, state_path
 
 
 def efficacy_from_runs(run_dirs: List[str], metric: str, target: Optional[float], out_dir: str) -> Dict:

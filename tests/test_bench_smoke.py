@@ -129,6 +129,7 @@ def test_efficacy_from_run_folders(tmp_path):
                     ("checkpoint_00004", [epoch(0, 32, 0.375), epoch(1, 32), epoch(2, 32, 0.4375), epoch(3, 32)]),
                     (".tmp-checkpoint_00006", [epoch(0, 32, 0.0)])):
         (going / "checkpoints" / name).mkdir(parents=True)
+        (going / "checkpoints" / name / "run_meta.json").write_text("{}")  # what marks a checkpoint complete
         torch.save({"epoch": len(h), "global_step": 0, "history": h}, going / "checkpoints" / name / "custom_checkpoint_0.pkl")
 
     res = bench.main(["--no-speed", "--efficacy-runs", f"{done},{going}", "--out", str(tmp_path / "out")])
