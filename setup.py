@@ -1,17 +1,19 @@
 from setuptools import find_packages, setup
 
-# ddpo_grpo/assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
+# assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
 BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam")
 
 setup(
     name="ddpo_grpo",
     version="0.1.0",
     description="GRPO fine-tuning for diffusion and flow-matching models (DDPO-style, group-relative advantages)",
-    packages=find_packages(include=["ddpo_grpo", "ddpo_grpo.*"]),
-    # The bundled tiny models (ddpo_grpo/assets/<name>/<part>/...), so that a wheel or a non-editable install
-    # finds them too (models.ASSETS_DIR is relative to the package).
-    package_data={"ddpo_grpo": [f"assets/{name}/{pattern}" for name in BUNDLED_MODELS
-                                for pattern in ("*.json", "*/*.json", "*/*.safetensors")]},
+    # The bundled tiny models live in the top-level assets/ folder; a wheel (or a non-editable install) carries
+    # them as the data of a package "ddpo_grpo.assets" mapped onto that folder, i.e. in ddpo_grpo/assets/<name>/,
+    # which is where an installed copy's models.ASSETS_DIR points. An editable install reads assets/ in place.
+    packages=find_packages(include=["ddpo_grpo", "ddpo_grpo.*"]) + ["ddpo_grpo.assets"],
+    package_dir={"ddpo_grpo.assets": "assets"},
+    package_data={"ddpo_grpo.assets": [f"{name}/{pattern}" for name in BUNDLED_MODELS
+                                       for pattern in ("*.json", "*/*.json", "*/*.safetensors")]},
     python_requires=">=3.10",
     # Every range admits the CPU wheel torch==2.13.0, so pip never swaps in a multi-GB CUDA build.
     install_requires=[

@@ -1,5 +1,6 @@
 """A wheel (what `pip install .` installs, non-editable) carries the bundled models and the reward entry points,
-and an installed copy finds its models relative to the package, not to a source checkout."""
+and an installed copy finds its models relative to the package, not to a source checkout. In the checkout the
+models are the top-level assets/ (beside ddpo_grpo/), which setup.py maps into the wheel as ddpo_grpo/assets/."""
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "ddpo_grpo")
+ASSETS = os.path.join(ROOT, "assets")
 BUNDLED = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam")
 WORLD_REWARDS = {
     "toyworld": "ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
@@ -19,24 +21,37 @@ WORLD_REWARDS = {
 
 
 def asset_files():
-    """Paths (relative to the repo root, '/'-separated) of every file of the bundled models."""
+    """Paths (relative to assets/, '/'-separated) of every file of the bundled models."""
     out = []
     for name in BUNDLED:
-        for dirpath, _, files in os.walk(os.path.join(PKG, "assets", name)):
-            out += [os.path.relpath(os.path.join(dirpath, f), ROOT).replace(os.sep, "/") for f in files]
+        for dirpath, _, files in os.walk(os.path.join(ASSETS, name)):
+            out += [os.path.relpath(os.path.join(dirpath, f), ASSETS).replace(os.sep, "/") for f in files]
     return sorted(out)
+
+
+def test_checkout_has_the_models_at_the_top_level():
+    """The promised layout: assets/ beside ddpo_grpo/, and the checkout (editable install) reads it in place."""
+    import ddpo_grpo.models as m
+    assert os.path.dirname(os.path.dirname(m.__file__)) == PKG, m.__file__
+    assert m.ASSETS_DIR == ASSETS
+    for name in BUNDLED:
+        assert os.path.isfile(os.path.join(m.resolve_model_path(name), "unet", "config.json"))
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """Build the wheel offline from a copy of what the build reads (setup.py and the package)."""
+    """Build the wheel offline from a copy of what the build reads (setup.py, the package and assets/), plus a
+    pretraining snapshot folder beside the models, which must stay out of the wheel."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
     for name in ("setup.py", "setup.cfg", "pyproject.toml", "MANIFEST.in"):
         if os.path.exists(os.path.join(ROOT, name)):
             shutil.copy(os.path.join(ROOT, name), src / name)
-    shutil.copytree(PKG, src / "ddpo_grpo", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*_snapshots"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*_snapshots")
+    shutil.copytree(PKG, src / "ddpo_grpo", ignore=ignore)
+    shutil.copytree(ASSETS, src / "assets", ignore=ignore)
+    shutil.copytree(os.path.join(ASSETS, "tiny-t2i", "unet"), src / "assets" / "tiny-t2i_snapshots" / "step1" / "unet")
     env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q",
                         "-w", str(tmp / "dist")], cwd=src, env=env, capture_output=True, text=True, timeout=50)
@@ -49,13 +64,14 @@ def wheel(tmp_path_factory):
 def test_wheel_has_the_models_and_the_reward_entry_points(wheel):
     files = asset_files()
     assert len(files) >= 20 and any(f.endswith("unet/diffusion_pytorch_model.safetensors") for f in files)
-    assert sum(os.path.getsize(os.path.join(ROOT, f)) for f in files) <= 35 * 2**20
+    assert sum(os.path.getsize(os.path.join(ASSETS, f)) for f in files) <= 35 * 2**20
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        missing = [f for f in files if f not in names]
-        assert not missing, f"not in the wheel: {missing}"
+        missing = [f for f in files if "ddpo_grpo/assets/" + f not in names]
+        assert not missing, f"not in the wheel's ddpo_grpo/assets/: {missing}"
         assert "ddpo_grpo/core/ddim_with_logprob.py" in names and "ddpo_grpo/worlds/toyworld/reward.py" in names
-        assert not any(n.startswith(("benchmarks/", "tests/", "scripts/")) for n in names)
+        assert not any(n.startswith(("assets/", "benchmarks/", "tests/", "scripts/")) for n in names)
+        assert not any("_snapshots/" in n for n in names)
         (ep_file,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         lines = [ln.strip() for ln in z.read(ep_file).decode().splitlines() if ln.strip()]
     assert lines[0] == "[ddpo_grpo.rewards]"

@@ -20,8 +20,13 @@ BUNDLED = {
 }
 # Models built from configs in memory (random weights, nothing read from disk): name -> family.
 BUILT = {"sd15-random": "ddim"}
-# Inside the package (shipped as package data), so that a wheel / non-editable install finds the bundled models.
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+# The bundled models: in a source checkout (editable install or none) the top-level assets/ beside ddpo_grpo/;
+# in a wheel / non-editable install ddpo_grpo/assets/, where setup.py maps assets/ as package data. A checkout is
+# recognised by its setup.py, so an installed copy never reads a checkout's folder (nor a checkout a stale one).
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CHECKOUT = os.path.dirname(_PKG_DIR)
+ASSETS_DIR = (os.path.join(_CHECKOUT, "assets") if os.path.isfile(os.path.join(_CHECKOUT, "setup.py"))
+              else os.path.join(_PKG_DIR, "assets"))
 
 
 class ModelPathError(ValueError):
