@@ -38,7 +38,7 @@ def run(config):
     from ddpo_grpo.trainer import devices
     from ddpo_grpo.trainer.advantages import compute_advantages
     from ddpo_grpo.trainer.build import build_context, validate_config
-    from ddpo_grpo.trainer.checkpointing import load_checkpoint, save_checkpoint
+    from ddpo_grpo.trainer.checkpointing import export_run, load_checkpoint, save_checkpoint
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
     from ddpo_grpo.rewards import collect_rewards
     from ddpo_grpo.trainer.sampling import sample_epoch
@@ -99,7 +99,8 @@ def run(config):
             log_epoch(ctx, epoch, samples, rewards, adv, checks, train_metrics, eval_metrics, timer)  # 6.
         if config.save_freq and (ctx.state.epoch % config.save_freq == 0 or ctx.state.epoch == config.num_epochs):
             with timer("checkpoint"):
-                save_checkpoint(ctx, family)  # 8. atomic; every process takes part
+                save_checkpoint(ctx, family)  # 8. atomic; every process takes part; with export/ for diffusers
+    export_run(ctx, family)  # 9. logs/<run>/export: the model in diffusers' formats (models/export.py)
     finish(ctx, time.time() - t_start, final_eval=bool(config.eval_freq))  # + eval of the final policy
 
 

@@ -8,6 +8,8 @@ state (epoch, step, history), the stat tracker and the EMA reference (or nft's s
 checkpointing, run_meta.json describing what the checkpoint belongs to, and with nft's soft update
 (train.nft_old_decay > 0) sampling_policy.safetensors: the sampling policy's trainable weights, the ones eval
 measures (load into the UNet with strict=False; model.safetensors holds the trained policy).
+Each checkpoint also holds `export/`: the model eval measures, in the formats diffusers loads (models/export.py);
+the end of a run writes the same to `logs/<run>/export/`.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ddpo_grpo.errors import ConfigError
 
 META = "run_meta.json"
 SAMPLING_POLICY = "sampling_policy.safetensors"  # train.nft_old_decay > 0: theta_old, the weights eval measures
+EXPORT = "export"  # the model in diffusers' formats, in each checkpoint and in the run folder
 
 
 def run_meta(config, family: str) -> dict:
@@ -55,6 +58,7 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
     # nft's soft-updated sampling policy is what samples and what eval measures: also as plain weights, next to
     # model.safetensors (the trained theta). A collective under FSDP2 (whole tensors), so every process calls it.
     sampling = ctx.old_policy.state_dict()["tensors"] if getattr(ctx, "old_policy", None) is not None else None
+    write_model_export(ctx, family, os.path.join(tmp, EXPORT))
     acc.wait_for_everyone()
     if acc.is_main_process:
         if sampling is not None:
@@ -73,6 +77,57 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
+
+
+def export_metadata(ctx, family: str) -> dict:
+    """export.json: what the exported weights are and how the run sampled with them."""
+    from ddpo_grpo.models import BUILT, resolve_model_path
+
+    c = ctx.config
+    base = c.pretrained.model
+    return {"base_model": base, "base_model_path": None if base in BUILT else os.path.abspath(resolve_model_path(base)),
+            "family": family, "epoch": ctx.state.epoch,
+            "weights": "sampling policy (DiffusionNFT's soft update, what eval measures)" if ctx.old_policy is not None
+            else "policy", "num_inference_steps": int(c.sample.num_steps),
+            "guidance_scale": float(c.sample.guidance_scale), "eval_eta": 0.0}
+
+
+def write_model_export(ctx, family: str, out_dir: str) -> None:
+    """The model eval measures (the sampling policy) into out_dir in diffusers' formats (models/export.py). Every
+    process calls it (gathering a sharded model's state is a collective); the main process writes."""
+    from ddpo_grpo.models.export import write_export
+
+    acc = ctx.accelerator
+    with ctx.sampling_policy():  # the weights stay swapped in while they are written: the state holds references
+        state = acc.get_state_dict(ctx.unet)
+        if acc.is_main_process:
+            write_export(ctx.pipe, acc.unwrap_model(ctx.unet), state, out_dir, bool(ctx.config.use_lora),
+                         export_metadata(ctx, family))
+    acc.wait_for_everyone()
+
+
+def export_run(ctx, family: str) -> str:
+    """The end of a run: logs/<run>/export, linked from the last checkpoint's export when it is of this epoch
+    (no second copy on disk), else written."""
+    out = os.path.join(ctx.run_dir, EXPORT)
+    last = os.path.join(ctx.run_dir, "checkpoints", f"checkpoint_{ctx.state.epoch:05d}", EXPORT)
+    if not os.path.isdir(last):
+        write_model_export(ctx, family, out)
+    elif ctx.accelerator.is_main_process:
+        tmp = out + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(last, tmp, copy_function=_link_or_copy)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    ctx.accelerator.wait_for_everyone()
+    return out
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def complete_checkpoints(root: str) -> list:
