@@ -38,8 +38,25 @@ def _gather_mean(acc, x: np.ndarray) -> float:
     return float(np.nanmean(allx)) if np.isfinite(allx).any() else float("nan")
 
 
+# The training metrics on the epoch line, in order: (metric, label, format). Each is printed only when the epoch's
+# objective has it (GRPO all of them; raft/nft only the loss): a missing one is left out, never shown as nan.
+EPOCH_LINE_TRAIN = (("loss", "loss", "{:.4g}"), ("ratio_mean", "ratio", "{:.6f}"), ("clipfrac", "clipfrac", "{:.3f}"),
+                    ("kl", "kl", "{:.2e}"), ("onpolicy_ratio_max_dev", "onpolicy|r-1|", "{:.1e}"),
+                    ("policy_shift_kl", "shift", "{:.1e}"))
+
+
+def epoch_line_train(train_metrics: Dict[str, float]) -> str:
+    """The epoch line's training part, e.g. "loss 2.204e-05 ratio 0.999908 ... shift 2.5e-04" (GRPO) or
+    "loss 0.01234" (raft/nft)."""
+    return " ".join(f"{label} {fmt.format(train_metrics[k])}" for k, label, fmt in EPOCH_LINE_TRAIN
+                    if k in train_metrics)
+
+
 def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], train_metrics: Dict[str, float],
               eval_metrics: Dict[str, float], timer: PhaseTimer) -> None:
+    """Log the epoch to the trackers, append it to the run history, print the epoch line. train_metrics: what
+    train_epoch returned, already reduced over every process (training.METRIC_RULES); logged as train/<name>
+    and kept in the history entry's "train"."""
     acc, config = ctx.accelerator, ctx.config
     means = rewards.means(mean=lambda x: _gather_mean(acc, x))  # over every process's samples
     m = {"epoch": epoch, "reward_mean": means.pop("reward_mean")}
@@ -64,7 +81,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     if config.logging.debug_dump:
         dump_debug(ctx, epoch, samples, rewards, adv)
     entry = {"epoch": epoch, "reward_mean": m["reward_mean"], "time": m["time/epoch"],
-             "phases": dict(timer.seconds), "samples": int(len(adv.keys_all))}
+             "phases": dict(timer.seconds), "samples": int(len(adv.keys_all)), "train": dict(train_metrics)}
     for k, v in m.items():
         if k.endswith("strict_accuracy") or k.endswith("_accuracy") and not k.startswith("eval/"):
             entry[k] = v
@@ -78,12 +95,10 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
         grid = labelled_grid(samples.images[:n], caps)
         save_grid(grid, ctx.run_dir, f"train_epoch_{epoch:04d}.png")
         log_images(acc, "train_samples", grid, epoch, samples.images[:n], caps)
+    train_part = epoch_line_train(train_metrics)
     line = (f"epoch {epoch}: reward {m['reward_mean']:.4f}"
             + "".join(f" {k} {v:.3f}" for k, v in m.items() if k.endswith("strict_accuracy"))
-            + f" | loss {train_metrics.get('loss', float('nan')):.4g} ratio {train_metrics.get('ratio_mean', float('nan')):.6f}"
-            f" clipfrac {train_metrics.get('clipfrac', float('nan')):.3f} kl {train_metrics.get('kl', 0.0):.2e}"
-            f" onpolicy|r-1| {train_metrics.get('onpolicy_ratio_max_dev', float('nan')):.1e}"
-            + (f" shift {train_metrics['policy_shift_kl']:.1e}" if "policy_shift_kl" in train_metrics else "")
+            + (f" | {train_part}" if train_part else "")
             + (f" | invalid rewards {adv.invalid_count} excluded, {adv.excluded_groups} groups dropped" if adv.invalid_count else "")
             + (f" | non-finite losses {train_metrics['nonfinite_loss']:.0f} skipped" if train_metrics.get("nonfinite_loss") else "")
             + f" | {m['time/epoch']:.1f}s")

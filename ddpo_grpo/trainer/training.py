@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 from typing import Dict, List
 
 import numpy as np
@@ -19,6 +18,110 @@ from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 from .build import adapt_lr_scale
+
+
+# How every training metric (train/* in the logs) is reduced over the calls of an epoch and over the processes:
+# the one place that says so. train_epoch and train_epoch_forward add values to an EpochMetrics and log what its
+# reduce() returns; a metric without a rule here is refused (KeyError), so none is logged from one process only.
+#   "mean":  the weighted mean of every value of every process, each weighted by the rows it is a mean over (a
+#            call's kept rows; 1 for a per-step or per-call value): the mean over every row the epoch trained, the
+#            same whatever the process count and however many rows each process kept.
+#   "max" / "min": over every value of every process.
+#   "sum":   the total over every process: events each process counts on its own rows. Logged as 0 when none.
+#   "steps": counted once per optimizer step, which every process takes together on the synchronised gradient:
+#            the total over the epoch's steps (the same on every process), not over processes. Logged as 0.
+#   "shared": a value every process already holds identically (from gathered arrays or the run state), logged
+#            as it is, with no collective.
+METRIC_RULES = {
+    # clipped-ratio GRPO, per call over its kept (sample, timestep) rows (core.loss.grpo_loss)
+    "loss": "mean", "policy_loss": "mean", "kl": "mean", "approx_kl": "mean", "ratio_mean": "mean",
+    "clipfrac": "mean", "clipfrac_low": "mean", "clipfrac_high": "mean",
+    "ratio_min": "min", "ratio_max": "max",  # the epoch's extreme ratios over every row
+    "loss_sup": "mean",  # the supervised term, per call
+    "kl_untrained": "mean",  # train.kl_steps "all": per micro-batch, over its samples
+    "onpolicy_ratio_max_dev": "max",  # max |r - 1| before the epoch's first optimizer step
+    "grad_norm": "mean",  # per optimizer step (already the same on every process)
+    "nonfinite_loss": "sum",  # calls whose loss was not finite (skipped)
+    "skipped_steps": "steps",  # optimizer steps skipped for a non-finite gradient
+    # set once per epoch, identical on every process
+    "policy_shift_kl": "shared",  # gathered mean in policy_shift_kl
+    "lr": "shared", "lr_scale": "shared", "timesteps_per_call": "shared",
+    "chosen_samples": "shared",  # raft/nft: trained samples, from the gathered arrays
+}
+_ALWAYS = ("sum", "steps")  # logged (as 0) even when nothing was counted
+
+
+class EpochMetrics:
+    """One epoch's training metrics on this process, reduced over every process by reduce() by METRIC_RULES.
+
+    Each process keeps, per metric, a pair (a, n): for "mean" (sum of weight x value, sum of weights), for
+    "max"/"min" (the extreme, number of values), for "sum"/"steps" (the total, number of values). reduce() gathers
+    one fixed-size vector of these pairs from every process (the same length everywhere, whatever each process
+    saw), so every process makes exactly one collective call per epoch and gets the same result."""
+
+    def __init__(self):
+        self.pairs: Dict[str, List[float]] = {}
+        self.shared: Dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float = 1.0) -> None:
+        rule = METRIC_RULES[name]
+        value = float(value)
+        if rule == "shared":
+            self.shared[name] = value
+            return
+        a, n = self.pairs.get(name, (None, 0.0))
+        if rule == "mean":
+            a = (a or 0.0) + float(weight) * value
+            n += float(weight)
+        elif rule in ("max", "min"):
+            a = value if a is None else (max if rule == "max" else min)(a, value)
+            n += 1.0
+        else:  # sum, steps
+            a = (a or 0.0) + value
+            n += 1.0
+        self.pairs[name] = [a, n]
+
+    @staticmethod
+    def names() -> List[str]:
+        return sorted(k for k, r in METRIC_RULES.items() if r != "shared")
+
+    def local(self) -> np.ndarray:
+        """This process's (K, 2) pairs over names(); (0, 0) for a metric it never saw."""
+        return np.array([self.pairs.get(k, (0.0, 0.0)) for k in self.names()], dtype=np.float64).reshape(-1, 2)
+
+    @classmethod
+    def combine(cls, per_process: np.ndarray) -> Dict[str, float]:
+        """(P, K, 2) gathered pairs -> {metric: value}; a "mean"/"max"/"min" metric no process saw is left out."""
+        out = {}
+        for k, name in enumerate(cls.names()):
+            rule = METRIC_RULES[name]
+            a, n = per_process[:, k, 0], per_process[:, k, 1]
+            seen = n > 0
+            if not seen.any():
+                if rule in _ALWAYS:
+                    out[name] = 0.0
+                continue
+            if rule == "mean":
+                out[name] = float(a[seen].sum() / n[seen].sum())
+            elif rule == "max":
+                out[name] = float(a[seen].max())
+            elif rule == "min":
+                out[name] = float(a[seen].min())
+            elif rule == "sum":
+                out[name] = float(a.sum())
+            else:  # steps: every process counted the same steps
+                out[name] = float(a[seen].max())
+        return out
+
+    def reduce(self, accelerator) -> Dict[str, float]:
+        """The epoch's metrics over every process. A collective: every process must call it, once per epoch."""
+        local = self.local()
+        device = accelerator.device
+        dtype = torch.float32 if torch.device(device).type == "mps" else torch.float64  # MPS has no float64
+        allp = accelerator.gather(torch.as_tensor(local.reshape(-1), dtype=dtype, device=device))
+        out = self.combine(allp.double().cpu().numpy().reshape(-1, *local.shape))
+        out.update(self.shared)
+        return out
 
 
 def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
@@ -103,7 +206,7 @@ def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, pe
     return calls, calls_per_microbatch
 
 
-def optimizer_step(ctx, params: List[torch.nn.Parameter], logs: Dict[str, List[float]]) -> None:
+def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
     """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
     reference, zero the gradients. Shared by every objective."""
     grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
@@ -114,14 +217,15 @@ def optimizer_step(ctx, params: List[torch.nn.Parameter], logs: Dict[str, List[f
         if ctx.reference is not None:
             ctx.reference.step()
     else:
-        logs["skipped_steps"].append(1.0)
+        metrics.add("skipped_steps", 1.0)
     ctx.optimizer.zero_grad(set_to_none=True)
-    logs["grad_norm"].append(float(grad_norm))
+    metrics.add("grad_norm", float(grad_norm))
 
 
 def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
     """Run num_inner_epochs passes of the update: the clipped-ratio GRPO loss, or for `train.objective` "raft" /
-    "nft" the forward-process objectives (training_forward.py). Returns averaged metrics for logging."""
+    "nft" the forward-process objectives (training_forward.py). Returns the epoch's metrics over every process
+    (METRIC_RULES), the same on every process."""
     config, acc = ctx.config, ctx.accelerator
     if config.train.get("objective", "grpo") != "grpo":  # hand-built configs without the field train GRPO
         from .training_forward import train_epoch_forward
@@ -136,7 +240,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     advantages = adv.advantages.to(device)
     mask = adv.train_mask.to(device)
     clip_high = config.train.clip_range_high if config.train.clip_range_high >= 0 else None
-    logs: Dict[str, List[float]] = defaultdict(list)
+    metrics = EpochMetrics()
     ctx.unet.train()
     per_call = int(config.train.timesteps_per_call)
     if per_call == 0:  # auto: probed once, kept in the run state (a resumed run must make the same choice)
@@ -166,41 +270,39 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                     with acc.no_sync(ctx.unet):
                         kl_u = untrained_kl(ctx, settings, samples, idx, ucols)
                         acc.backward(config.train.beta * kl_u / len(chunk))
-                    logs["kl_untrained"].append(float(kl_u.detach()))
+                    metrics.add("kl_untrained", float(kl_u.detach()), len(idx))
                 with sync:
                     loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
                     acc.backward(loss / len(chunk))
-                for key, v in m.items():
-                    logs[key].append(v)
+                rows = m.pop("_rows", 0.0)
+                ratio_dev = m.pop("_ratio_dev", None)
+                for key, v in m.items():  # grpo_loss's means over the call's kept rows; loss_sup one per call
+                    metrics.add(key, v, 1.0 if key == "loss_sup" else rows)
                 if inner == 0 and start == 0:
                     # No optimizer step has happened yet in this epoch: the policy is the sampling policy.
-                    if "_ratio_dev" in m:
-                        logs["onpolicy_ratio_max_dev"].append(m["_ratio_dev"])
+                    if ratio_dev is not None:
+                        metrics.add("onpolicy_ratio_max_dev", ratio_dev)
                     if ci == 0:
                         first = (idx, cols, res.mean.detach().float(), res.std.detach())
-            optimizer_step(ctx, params, logs)
-    counts = ("skipped_steps", "nonfinite_loss")
-    out = {k: float(np.mean(v)) for k, v in logs.items() if k not in counts and not k.startswith("_")}
-    out["policy_shift_kl"] = policy_shift_kl(ctx, settings, samples, *first)
+            optimizer_step(ctx, params, metrics)
+    shift = policy_shift_kl(ctx, settings, samples, *first)
+    metrics.add("policy_shift_kl", shift)
     target = config.train.get("target_shift_kl", 0.0)
     if target > 0:
-        scale = adapt_lr_scale(ctx.state.lr_scale, out["policy_shift_kl"], target)
+        scale = adapt_lr_scale(ctx.state.lr_scale, shift, target)
         for g in ctx.optimizer.param_groups:  # the next step's lr, not one step later (the scheduler's next call)
             g["lr"] *= scale / ctx.state.lr_scale
         ctx.state.lr_scale = scale
-    out["lr_scale"] = ctx.state.lr_scale
-    if "onpolicy_ratio_max_dev" in logs:
-        out["onpolicy_ratio_max_dev"] = float(np.max(logs["onpolicy_ratio_max_dev"]))
-    for k in counts:
-        out[k] = float(sum(logs.get(k, [])))
-    out["lr"] = ctx.lr_scheduler.get_last_lr()[0]
-    out["timesteps_per_call"] = float(per_call)
-    return out
+    metrics.add("lr_scale", ctx.state.lr_scale)
+    metrics.add("lr", ctx.lr_scheduler.get_last_lr()[0])
+    metrics.add("timesteps_per_call", float(per_call))
+    return metrics.reduce(acc)
 
 
 def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params):
     """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows.
-    Returns (loss, metrics, the policy's StepResult on those rows)."""
+    Returns (loss, metrics, the policy's StepResult on those rows). metrics: grpo_loss's (means over the kept
+    rows), loss_sup, and privately _rows (the kept rows, their weight in the epoch's mean) and _ratio_dev."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
     rows, c, inputs = _call_inputs(ctx, settings, samples, idx, cols)
@@ -226,6 +328,7 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
                             kl_type=config.train.kl_type, clip_range_high=clip_high)
         metrics = {k: float(v) for k, v in m.items()}
         metrics["loss"] = loss.item()
+        metrics["_rows"] = float(keep.sum())
         # exp(logp - logp_old) of every kept row: before the first optimizer step these must all be 1.
         metrics["_ratio_dev"] = float((res.log_prob[keep].detach() - old[keep]).abs().max().exp() - 1)
     else:

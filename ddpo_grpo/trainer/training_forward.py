@@ -11,8 +11,7 @@ contribute zero), so DDP never waits.
 from __future__ import annotations
 
 import contextlib
-from collections import defaultdict
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 import torch
@@ -23,7 +22,7 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, raft_loss
 from .sampling import EpochSamples
-from .training import optimizer_step, steps_per_sample, trainable_columns, zero_loss
+from .training import EpochMetrics, optimizer_step, steps_per_sample, trainable_columns, zero_loss
 
 
 def final_x0(samples: EpochSamples, pipe, num_steps: int) -> torch.Tensor:
@@ -53,7 +52,8 @@ def sample_weights(config, adv: EpochAdvantages, eps: float, rank: int, n: int):
 
 
 def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
-    """num_inner_epochs passes of the forward-process objective. Returns averaged metrics for logging."""
+    """num_inner_epochs passes of the forward-process objective. Returns the epoch's metrics over every process
+    (training.METRIC_RULES): loss (the mean over every trained row), grad_norm, the counts, chosen_samples, lr."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
     N = len(samples)
@@ -62,8 +62,8 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
     x0 = final_x0(samples, ctx.pipe, config.sample.num_steps).float()
     family = get_family(ctx.pipe.family)  # the forward process and its target
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
-    logs: Dict[str, List[float]] = defaultdict(list)
-    logs["chosen_samples"].append(n_chosen)
+    metrics = EpochMetrics()
+    metrics.add("chosen_samples", n_chosen)
     for inner in range(config.train.num_inner_epochs):
         # Rows (sample, noise level, noise): a function of (seed, epoch, inner, rank) only, so a resumed run
         # repeats them exactly.
@@ -94,19 +94,17 @@ def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch:
                         loss = raft_loss(pred, target, w)
                     else:
                         loss = nft_loss(pred, old[j].to(device), target, r[i].to(device), config.train.nft_beta, w)
-                    if not torch.isfinite(loss):
-                        logs["nonfinite_loss"].append(1.0)
+                    if torch.isfinite(loss):
+                        metrics.add("loss", loss.item(), len(j))  # a mean over the call's rows
+                    else:
+                        metrics.add("nonfinite_loss", 1.0)
                         loss = zero_loss(params)
                     acc.backward(loss / len(chunk))
-                logs["loss"].append(loss.item())
-            optimizer_step(ctx, params, logs)
+            optimizer_step(ctx, params, metrics)
     if ctx.old_policy is not None:  # DiffusionNFT's soft update: theta_old <- d*theta_old + (1-d)*theta
         ctx.old_policy.step(acc.unwrap_model(ctx.unet))
-    out = {k: float(np.mean(v)) for k, v in logs.items() if k not in ("skipped_steps", "nonfinite_loss")}
-    for k in ("skipped_steps", "nonfinite_loss"):
-        out[k] = float(sum(logs.get(k, [])))
-    out["lr"] = ctx.lr_scheduler.get_last_lr()[0]
-    return out
+    metrics.add("lr", ctx.lr_scheduler.get_last_lr()[0])
+    return metrics.reduce(acc)
 
 
 @torch.no_grad()
