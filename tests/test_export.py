@@ -113,3 +113,28 @@ def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, t
     # the two checkpoints differ (training moved the model), so the comparison above could fail
     base = trained_policy_sample(str(ckpts[0]), lora, x_T)
     assert (trained_policy_sample(str(ckpts[-1]), lora, x_T) - base).abs().max().item() > 1e-3
+
+
+@pytest.mark.timeout(120)
+def test_eval_model_takes_every_export_format(runs):
+    """eval_model.py: a LoRA export as --model (its base from export.json), the same LoRA as --weights over the base,
+    a checkpoint folder as --weights (its export/), and a full fine-tune's export folder as --model give the policy's
+    images; a LoRA run's training state (the peft-wrapped model.safetensors) is refused with a pointer to export/."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from eval_model import evaluate_model, resolve_model
+
+    from ddpo_grpo.models.export import ExportError
+
+    kw = dict(num_samples=4, steps=STEPS, split="eval", objects="single")
+    base = evaluate_model("tiny-t2i", **kw)[1]
+    for mode in MODES:
+        run = runs / mode
+        ckpt = str(sorted((run / "checkpoints").glob("checkpoint_*"))[-1])
+        model, weights, info = resolve_model(str(run / "export"), "")
+        assert info["lora"] == (mode == "lora") and info["epoch"] == 2
+        as_model = evaluate_model(model, weights=weights, **kw)[1]
+        over_base = evaluate_model("tiny-t2i", weights=ckpt, **kw)[1]
+        assert torch.equal(as_model, over_base) and (as_model - base).abs().max() > 1e-3
+    with pytest.raises(ExportError, match="training state"):
+        evaluate_model("tiny-t2i", weights=str(sorted((runs / "lora" / "checkpoints").glob("checkpoint_*"))[-1]
+                                               / "model.safetensors"), **kw)
