@@ -38,7 +38,8 @@ def run(config):
     from ddpo_grpo.trainer import devices
     from ddpo_grpo.trainer.advantages import compute_advantages
     from ddpo_grpo.trainer.build import build_context, validate_config
-    from ddpo_grpo.trainer.checkpointing import export_run, load_checkpoint, save_checkpoint
+    from ddpo_grpo.trainer.checkpointing import (check_resume, export_run, load_checkpoint, run_folder_of,
+                                                 save_checkpoint, wandb_run_id)
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
     from ddpo_grpo.rewards import collect_rewards
     from ddpo_grpo.trainer.sampling import sample_epoch
@@ -48,8 +49,12 @@ def run(config):
     device = devices.setup()
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     family = validate_config(config, num_processes)  # one clear line before any heavy work
-    name = config.run_name or f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
-    run_dir = os.path.join(config.logdir, name)
+    # A resumed run continues in its checkpoint's run folder (checkpoints, history, wandb run, TensorBoard curve) unless
+    # run_name names another; a missing or damaged checkpoint is one line here, before any tracker or model starts.
+    ckpt = check_resume(config, family) if config.resume_from else ""
+    run_dir = (os.path.join(config.logdir, config.run_name) if config.run_name else run_folder_of(ckpt) if ckpt else None) \
+        or os.path.join(config.logdir, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
+    name = os.path.basename(run_dir)
     if config.dry_run:
         print(f"config OK: {num_processes} processes x {config.sample.batch_size} x {config.sample.num_batches_per_epoch}"
               f" = {num_processes * config.sample.batch_size * config.sample.num_batches_per_epoch} samples/epoch, "
@@ -68,10 +73,11 @@ def run(config):
     if accelerator.is_main_process:
         os.makedirs(run_dir, exist_ok=True)
         accelerator.init_trackers(config.logging.wandb_project, config=flat_config(config),
-                                  init_kwargs={"wandb": {"name": name, "dir": run_dir}})
+                                  init_kwargs={"wandb": {"name": name, "dir": run_dir, "id": wandb_run_id(run_dir),
+                                                         "resume": "allow"}})
     ctx = build_context(config, accelerator, run_dir)
-    if config.resume_from:
-        ckpt = load_checkpoint(ctx, config.resume_from, family)
+    if ckpt:
+        load_checkpoint(ctx, ckpt)
         accelerator.print(f"resumed from {ckpt} at epoch {ctx.state.epoch}")
     t_start = time.time()
     for epoch in range(ctx.state.epoch, config.num_epochs):

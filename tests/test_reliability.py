@@ -106,6 +106,14 @@ def test_plugin_failing_on_one_process_stops_all(tmp_path, plugin_path):
     assert "reward 'flaky' failed: RuntimeError: the reward server is down" in p.stderr
 
 
+@pytest.fixture(autouse=True)
+def _no_export(monkeypatch):
+    """The fake contexts below have no model: the export (tests/test_export.py) is not what these tests check."""
+    from ddpo_grpo.trainer import checkpointing
+
+    monkeypatch.setattr(checkpointing, "write_model_export", lambda ctx, family, out_dir: None)
+
+
 def _fake_ctx(tmp_path, fail=False):
     """Just enough of a RunContext for save_checkpoint: an accelerator whose save_state can die midway."""
 
@@ -175,7 +183,7 @@ def test_resume_with_other_registered_objects_is_one_clear_error(tmp_path):
     ctx.reference, ctx.old_policy = object(), None  # this config: train.beta > 0
     assert checkpointed_objects(ctx) == ["run state", "stat tracker", "KL reference (train.beta > 0)"]
     with pytest.raises(ConfigError, match=r"holds 2 saved run objects, this config 3 .*train\.beta"):
-        load_checkpoint(ctx, str(tmp_path), "ddim")
+        load_checkpoint(ctx, ckpt)
     assert loaded == []
     ctx.reference = None
-    assert load_checkpoint(ctx, str(tmp_path), "ddim") == ckpt and loaded == [ckpt]
+    assert load_checkpoint(ctx, ckpt) == ckpt and loaded == [ckpt]

@@ -147,6 +147,82 @@ def resolve_resume(path: str) -> str:
                       "give a run folder or a checkpoint folder")
 
 
+def check_resume(config, family: str) -> str:
+    """config.resume_from -> the checkpoint folder to load, checked before any tracker or model starts: the path
+    exists, holds a complete checkpoint of this model / family / LoRA setting, and every file in it is whole. Each
+    failure is one ConfigError line naming the path or file."""
+    path = config.resume_from
+    if not os.path.exists(path):
+        raise ConfigError(f"resume_from={path!r}: no such folder; give a run folder (logs/<run>) or a checkpoint folder")
+    ckpt = resolve_resume(path)
+    check_files(ckpt)
+    check_compatible(ckpt, config, family)
+    return ckpt
+
+
+def run_folder_of(ckpt: str) -> Optional[str]:
+    """The run folder a checkpoint belongs to (logs/<run> for logs/<run>/checkpoints/checkpoint_N), else None."""
+    parent = os.path.dirname(os.path.abspath(ckpt))
+    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else None
+
+
+def check_files(ckpt: str) -> None:
+    """Every file the checkpoint's load reads is whole: safetensors headers and sizes, the zip directories of the
+    torch.save files (.bin, .pkl: optimizer, LR schedule, RNG states, run objects), JSON. Cheap (headers only):
+    a truncated or cut-short file is named here instead of failing deep inside accelerate's load_state."""
+    for name in sorted(os.listdir(ckpt)):
+        path = os.path.join(ckpt, name)
+        if not os.path.isfile(path):
+            continue  # export/ (not read by a resume); FSDP2's sharded model folders are checked by their loader
+        why = _damage(path)
+        if why:
+            raise ConfigError(f"checkpoint file {path} is damaged ({why}); resume from an earlier checkpoint "
+                              "(delete this checkpoint folder, or give the earlier one as resume_from)")
+
+
+def _damage(path: str) -> str:
+    """Why the file is not whole, or "" (only the kinds a checkpoint holds are checked)."""
+    import zipfile
+
+    size = os.path.getsize(path)
+    try:
+        if path.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+                if n < 0 or 8 + n > size:
+                    return f"header cut short: {size} bytes"
+                header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if 8 + n + end != size:
+                return f"{size} bytes where its header describes {8 + n + end}"
+        elif path.endswith((".bin", ".pkl", ".pt")):
+            with zipfile.ZipFile(path) as z:  # torch.save's format: a truncated file has no central directory
+                for info in z.infolist():
+                    if info.header_offset + info.compress_size > size:
+                        return f"member {info.filename} runs past the end of the file"
+        elif path.endswith(".json"):
+            with open(path) as f:
+                json.load(f)
+    except (zipfile.BadZipFile, ValueError, KeyError, TypeError, OSError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else 'unreadable'}"
+    return ""
+
+
+def wandb_run_id(run_dir: str) -> str:
+    """The run folder's wandb run id, made on its first start and kept in run.json: a resumed run logs to the same
+    wandb run (resume="allow") as it writes into the same folder."""
+    path = os.path.join(run_dir, "run.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)["wandb_id"]
+    import uuid
+
+    run_id = uuid.uuid4().hex[:12]
+    with open(path, "w") as f:
+        json.dump({"wandb_id": run_id}, f)
+    return run_id
+
+
 def check_compatible(ckpt: str, config, family: str) -> None:
     with open(os.path.join(ckpt, META)) as f:
         saved = json.load(f)
@@ -167,9 +243,8 @@ def checkpointed_objects(ctx) -> list:
     return names
 
 
-def load_checkpoint(ctx, path: str, family: str) -> str:
-    ckpt = resolve_resume(path)
-    check_compatible(ckpt, ctx.config, family)
+def load_checkpoint(ctx, ckpt: str) -> str:
+    """Load a checkpoint that check_resume accepted into the run's objects."""
     # accelerate would stop with a bare count mismatch deep in load_state: say which setting differs instead.
     saved = len(glob.glob(os.path.join(ckpt, "custom_checkpoint_*.pkl")))
     want = checkpointed_objects(ctx)
