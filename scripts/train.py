@@ -141,8 +141,12 @@ def parse_flags(argv):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
         cause = next((ln for ln in lines if "No such file" in ln), None) or next(
             (ln for ln in reversed(lines) if ln.startswith(("ValueError", "KeyError", "TypeError"))), lines[-1])
-        if isinstance(e, (KeyError, AttributeError)):
-            cause = f"unknown config field {lines[-1]}"
+        if isinstance(e, (KeyError, AttributeError)):  # str() of a KeyError is the repr of its message: use the text
+            while e.args and isinstance(e.args[0], BaseException):  # ml_collections wraps the KeyError in an AttributeError
+                e = e.args[0]
+            text = [ln.strip() for ln in str(e.args[0] if e.args else e).splitlines() if ln.strip()] or [type(e).__name__]
+            cause = f"unknown config field {text[0]}" + (f" ({' '.join(text[1:])})" if text[1:] else "")
+        cause = cause.removeprefix("ValueError: ")
         print(f"error: --config: {cause}", file=sys.stderr)
         sys.exit(2)
 

@@ -139,3 +139,12 @@ def test_lora_with_ema_reference_kl_in_bf16(tmp_path):
     assert kl > 0  # after the epoch's first optimizer step the reference lags the adapters by the EMA
     ckpt = load_file(str(tmp_path / "lora" / "checkpoints" / "checkpoint_00001" / "model.safetensors"))
     assert any("lora" in k for k in ckpt)
+
+
+def test_mistyped_field_is_one_plain_line(tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny",
+                           "--config.train.learnig_rate=1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ('error: --config: unknown config field \'learnig_rate\' '
+                                                    '(Did you mean "learning_rate" instead of "learnig_rate"?)')
