@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpo_grpo.core.pipeline_with_logprob import encode_prompts, pipeline_with_logprob  # noqa: E402
+from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob  # noqa: E402
 from ddpo_grpo.core.policy_step import SamplerSettings  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
 from ddpo_grpo.models.export import ExportError, apply_weights, export_info  # noqa: E402
@@ -61,7 +61,7 @@ def evaluate_model(model: str, num_samples: int = 256, steps: int = DEFAULT_STEP
     "train"/"eval": that split's conditions (`objects`: mixed, single or pair), each in turn, num_samples in all."""
     pipe = load_pipeline(model)
     if weights:
-        apply_weights(pipe.unet, weights)
+        apply_weights(pipe, weights)
     conds = all_conditions()
     if split == "all":
         idx = np.random.default_rng(seed).choice(len(conds), size=num_samples, replace=False,
@@ -77,8 +77,8 @@ def evaluate_model(model: str, num_samples: int = 256, steps: int = DEFAULT_STEP
     for lo in range(0, num_samples, batch_size):
         cs = [conds[i] for i in idx[lo:lo + batch_size]]
         ps = [c.prompt() for c in cs]
-        emb = encode_prompts(pipe.text_encoder, pipe.tokenizer, ps)
-        neg = encode_prompts(pipe.text_encoder, pipe.tokenizer, [""] * len(ps)) if guidance != 1.0 else None
+        emb = pipe.encode(ps)
+        neg = pipe.encode([""] * len(ps)) if guidance != 1.0 else None
         gens = [torch.Generator().manual_seed(seed * 100003 + lo + j) for j in range(len(ps))]
         traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, settings, emb, neg, num_inference_steps=steps,
                                      sample_shape=pipe.sample_shape, generator=gens, deterministic=eta == 0)

@@ -122,15 +122,14 @@ def sample_with_noise(pipe, settings, num_steps: int, prompt: str, x_T, z, stoch
     each stochastic step is its policy mean + std * z, exactly the sampler's transition."""
     import torch
 
-    from ddpo_grpo.core.pipeline_with_logprob import decode, encode_prompts
+    from ddpo_grpo.core.pipeline_with_logprob import decode
     from ddpo_grpo.core.families import get_family
     from ddpo_grpo.core.policy_step import denoiser_output, policy_step
 
     R = x_T.shape[0]
     with torch.no_grad():
-        emb = encode_prompts(pipe.text_encoder, pipe.tokenizer, [prompt] * R)
-        neg = (encode_prompts(pipe.text_encoder, pipe.tokenizer, [""] * R)
-               if settings.guidance_scale != 1.0 else None)
+        emb = pipe.encode([prompt] * R)
+        neg = pipe.encode([""] * R) if settings.guidance_scale != 1.0 else None
         sched, family = pipe.scheduler, get_family(settings.family)
         family.set_timesteps(sched, num_steps)
         x = x_T

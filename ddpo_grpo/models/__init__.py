@@ -1,16 +1,13 @@
-"""Loading diffusion pipelines from a local folder, offline: the bundled tiny models and ordinary
-Stable Diffusion-style checkpoints (subfolders unet/, text_encoder/, tokenizer/, scheduler/, optional vae/)."""
+"""Loading diffusion pipelines from a local folder, offline, through the adapter of their architecture
+(models/base.py): the bundled tiny models, Stable Diffusion-style checkpoints, and the architectures registered in
+base.ADAPTER_MODULES."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
-from transformers import CLIPTextModel, CLIPTokenizer
 
-from ddpo_grpo.core.families import family_of_scheduler
+from .base import LoadedPipeline, adapter_for  # noqa: F401  (LoadedPipeline: the public name)
 
 BUNDLED = {
     "tiny-t2i": "tiny-t2i",
@@ -33,27 +30,6 @@ class ModelPathError(ValueError):
     """A model path that does not exist or is not a diffusers-format folder."""
 
 
-@dataclass
-class LoadedPipeline:
-    """What the sampler needs. `family` is "ddim" (noise/v-prediction, DDIM sampling) or "flow"
-    (velocity prediction, flow-matching Euler / SDE sampling)."""
-
-    unet: torch.nn.Module
-    text_encoder: Optional[torch.nn.Module]
-    tokenizer: Optional[CLIPTokenizer]
-    scheduler: object
-    vae: Optional[torch.nn.Module]
-    family: str
-    path: str
-
-    @property
-    def sample_shape(self) -> tuple:
-        """(C, H, W) of the denoised sample (latent shape when there is a VAE)."""
-        cfg = self.unet.config
-        size = cfg.sample_size if isinstance(cfg.sample_size, int) else cfg.sample_size[0]
-        return (cfg.out_channels, size, size)
-
-
 def resolve_model_path(path_or_name: str) -> str:
     """A bundled model name ("tiny-t2i") or a local folder -> an existing folder path."""
     if path_or_name in BUNDLED:
@@ -65,21 +41,32 @@ def resolve_model_path(path_or_name: str) -> str:
             f"model path {path_or_name!r} is not a folder; give a local diffusers-format folder "
             f"or one of the bundled models {sorted(BUNDLED)} or built ones {sorted(BUILT)} (no downloads are made)"
         )
-    if not os.path.isdir(os.path.join(path, "unet")) or not os.path.isdir(os.path.join(path, "scheduler")):
+    has_denoiser = os.path.isfile(os.path.join(path, "model_index.json")) or os.path.isdir(os.path.join(path, "unet"))
+    if not has_denoiser or not os.path.isdir(os.path.join(path, "scheduler")):
         raise ModelPathError(
-            f"model path {path!r} has no unet/ and scheduler/ subfolders; expected a diffusers-format "
-            "folder as written by save_pretrained (unet/, scheduler/, text_encoder/, tokenizer/, optional vae/)"
+            f"model path {path!r} has no model_index.json (or unet/) and scheduler/; expected a diffusers-format "
+            "folder as written by save_pretrained (model_index.json, scheduler/ and the pipeline's components)"
         )
     return path
 
 
+def model_adapter(path_or_name: str):
+    """The architecture adapter (models/base.py) of a bundled, built or folder model; ConfigError for a pipeline
+    class no adapter loads."""
+    if path_or_name in BUILT:
+        from .sd import ADAPTER
+
+        return ADAPTER
+    return adapter_for(resolve_model_path(path_or_name))
+
+
 def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu",
                   resolution: int = 0) -> LoadedPipeline:
-    """Load unet, text encoder, tokenizer, scheduler and optional VAE from a local folder, never the hub; or build
-    a BUILT model ("sd15-random") at `resolution` pixels (0: its native size).
+    """Load a model's components from a local folder, never the hub, through its architecture's adapter (chosen by
+    model_index.json's `_class_name`); or build a BUILT model ("sd15-random") at `resolution` pixels (0: native).
 
-    The scheduler class decides the family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler ->
-    "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
+    The scheduler class decides the sampler family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler
+    -> "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
     checkpoints.
     """
     if path_or_name in BUILT:
@@ -87,22 +74,7 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
 
         return build_sd15_random(resolution or NATIVE_RESOLUTION, torch_dtype=torch_dtype, device=device)
     path = resolve_model_path(path_or_name)
-    kw = dict(local_files_only=True)
-    sched_cfg = FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler", **kw)
-    family = family_of_scheduler(sched_cfg.get("_class_name"))
-    scheduler = family.scheduler_from_config(sched_cfg)
-    unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=torch_dtype, **kw).to(device)
-    text_encoder = tokenizer = vae = None
-    if os.path.isdir(os.path.join(path, "text_encoder")):
-        text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch_dtype, **kw).to(device)
-        tokenizer = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)
-    if os.path.isdir(os.path.join(path, "vae")):
-        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch_dtype, **kw).to(device)
-    for m in (unet, text_encoder, vae):
-        if m is not None:
-            m.requires_grad_(False)
-            m.eval()
-    return LoadedPipeline(unet, text_encoder, tokenizer, scheduler, vae, family.name, path)
+    return adapter_for(path).load(path, torch_dtype=torch_dtype, device=device, resolution=resolution)
 
 
 UNET_ATTENTION = ("sdpa", "math")

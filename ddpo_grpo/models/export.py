@@ -22,9 +22,10 @@ from typing import Dict, Optional
 
 import torch
 
+from .base import PackedDenoiser, inner_model, inner_state
+
 EXPORT_INFO = "export.json"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # diffusers' default LoRA file name (LORA_WEIGHT_NAME_SAFE)
-DENOISER = "unet"  # the denoiser's subfolder in a model folder
 
 
 class ExportError(ValueError):
@@ -50,7 +51,7 @@ def write_export(pipe, unet: torch.nn.Module, state: Dict[str, torch.Tensor], ou
     os.makedirs(tmp)
     state = _strip_wrappers(state)
     if lora:
-        _write_lora(unet, state, tmp)
+        _write_lora(pipe, unet, state, tmp)
     else:
         _write_full(pipe, unet, state, tmp)
     with open(os.path.join(tmp, EXPORT_INFO), "w") as f:
@@ -60,48 +61,36 @@ def write_export(pipe, unet: torch.nn.Module, state: Dict[str, torch.Tensor], ou
     return out_dir
 
 
-def _write_lora(unet, state, out_dir) -> None:
-    from diffusers import StableDiffusionPipeline
+def _write_lora(pipe, unet, state, out_dir) -> None:
     from peft.utils import get_peft_model_state_dict
 
-    layers = get_peft_model_state_dict(unet, state_dict=state)  # adapter tensors, adapter name removed
+    model = inner_model(unet)
+    layers = get_peft_model_state_dict(model, state_dict=inner_state(unet, state))  # adapter tensors, name removed
     if not layers:
         raise ExportError("a LoRA export found no adapter tensors in the model")
-    StableDiffusionPipeline.save_lora_weights(out_dir, unet_lora_layers=layers,
-                                              unet_lora_adapter_metadata=unet.peft_config["default"].to_dict())
+    pipe.adapter.save_lora(out_dir, layers, model.peft_config["default"].to_dict())
 
 
 def _write_full(pipe, unet, state, out_dir) -> None:
     # A second denoiser built on the meta device and given the exported tensors (assign: no copy, no memory of a
     # second model), so that the live module, whose weights may be another policy's, is left alone.
+    model = inner_model(unet)
     with torch.device("meta"):
-        denoiser = type(unet).from_config(unet.config)
-    missing, unexpected = denoiser.load_state_dict(state, strict=False, assign=True)
+        denoiser = type(model).from_config(model.config)
+    missing, unexpected = denoiser.load_state_dict(inner_state(unet, state), strict=False, assign=True)
     if missing or unexpected:
-        raise ExportError(f"the exported weights do not fit {type(unet).__name__}: missing {missing[:3]}, "
+        raise ExportError(f"the exported weights do not fit {type(model).__name__}: missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]}")
-    parts = {"unet": denoiser, "scheduler": pipe.scheduler, "text_encoder": pipe.text_encoder,
-             "tokenizer": pipe.tokenizer, "vae": pipe.vae}
-    pipeline = stock_pipeline(parts)
+    pipeline = pipe.adapter.stock_pipeline(pipe, denoiser)
     if pipeline is not None:
         pipeline.save_pretrained(out_dir)  # every component + model_index.json
         return
+    parts = dict(pipe.components or {"scheduler": pipe.scheduler, "text_encoder": pipe.text_encoder,
+                                     "tokenizer": pipe.tokenizer, "vae": pipe.vae})
+    parts[pipe.adapter.denoiser_folder] = denoiser
     for name, part in parts.items():
         if part is not None:
             part.save_pretrained(os.path.join(out_dir, name))
-
-
-def stock_pipeline(parts: dict):
-    """The diffusers pipeline that describes these components, or None. Stable Diffusion needs a VAE: the bundled
-    tiny models are pixel-space (no VAE), which no stock pipeline class samples."""
-    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextModel
-
-    if (isinstance(parts["unet"], UNet2DConditionModel) and isinstance(parts["vae"], AutoencoderKL)
-            and isinstance(parts["text_encoder"], CLIPTextModel) and parts["tokenizer"] is not None):
-        return StableDiffusionPipeline(**parts, safety_checker=None, feature_extractor=None,
-                                       requires_safety_checker=False)
-    return None
 
 
 def export_info(path: str) -> Optional[dict]:
@@ -114,32 +103,33 @@ def export_info(path: str) -> Optional[dict]:
     return None
 
 
-def apply_weights(unet: torch.nn.Module, path: str) -> str:
-    """Trained weights onto a base denoiser, in place; returns what was applied. `path` is any of: an export folder
+def apply_weights(pipe, path: str) -> str:
+    """Trained weights onto a loaded model's denoiser (pipe.unet), in place; returns what was applied. `path` is any of: an export folder
     or a checkpoint folder (its export/), a LoRA file or a folder holding pytorch_lora_weights.safetensors, a
     denoiser folder (`save_pretrained`, or a model folder with unet/), or a .safetensors of plain denoiser tensors
     (a checkpoint's sampling_policy.safetensors: the trainable tensors only). Tensors the file lacks keep the
     model's values; names the model does not know are an ExportError."""
     from safetensors.torch import load_file
 
+    unet, prefix, sub_name = pipe.unet, pipe.adapter.lora_prefix, pipe.adapter.denoiser_folder
     info = export_info(path) if os.path.isdir(path) else None
     folder = info["folder"] if info else path
     if os.path.isdir(folder):
-        for sub in (folder, os.path.join(folder, DENOISER)):
+        for sub in (folder, os.path.join(folder, sub_name)):
             if os.path.isfile(os.path.join(sub, LORA_WEIGHTS)):
-                return _apply_lora(unet, sub)
+                return _apply_lora(unet, sub, prefix)
             if os.path.isfile(os.path.join(sub, "config.json")):
                 weights = os.path.join(sub, "diffusion_pytorch_model.safetensors")
                 if os.path.isfile(weights):
                     _load_plain(unet, load_file(weights), weights, strict=True)
                     return weights
         raise ExportError(f"{path!r} holds no weights this model can take (no {LORA_WEIGHTS}, no "
-                          f"{DENOISER}/diffusion_pytorch_model.safetensors, no {EXPORT_INFO})")
+                          f"{sub_name}/diffusion_pytorch_model.safetensors, no {EXPORT_INFO})")
     if not os.path.isfile(path):
         raise ExportError(f"{path!r}: no such file or folder")
     tensors = load_file(path)
     if any(".lora_A." in k or ".lora.down." in k for k in tensors) and not any("base_layer" in k for k in tensors):
-        return _apply_lora(unet, path)
+        return _apply_lora(unet, path, prefix)
     if any("base_layer" in k for k in tensors):
         raise ExportError(f"{path!r} is a LoRA run's training state (peft-wrapped model), not a model file: use the "
                           f"checkpoint's export/{LORA_WEIGHTS}")
@@ -148,17 +138,22 @@ def apply_weights(unet: torch.nn.Module, path: str) -> str:
 
 
 def _load_plain(unet, tensors, path, strict: bool) -> None:
-    result = unet.load_state_dict(_strip_wrappers(tensors), strict=False)
+    """Plain tensors: the diffusers model's own names (an export) or the denoiser's (a sampling_policy file)."""
+    tensors = _strip_wrappers(tensors)
+    wrapped = isinstance(unet, PackedDenoiser) and all(k.startswith("model.") for k in tensors)
+    target = unet if wrapped else inner_model(unet)
+    result = target.load_state_dict(tensors, strict=False)
     if result.unexpected_keys:
         raise ExportError(f"{path!r} does not fit this model: unknown tensors, e.g. {result.unexpected_keys[:3]}")
     if strict and result.missing_keys:
         raise ExportError(f"{path!r} does not fit this model: it lacks tensors, e.g. {result.missing_keys[:3]}")
 
 
-def _apply_lora(unet, path) -> str:
+def _apply_lora(unet, path, prefix: str) -> str:
     folder, name = (path, LORA_WEIGHTS) if os.path.isdir(path) else os.path.split(path)
+    unet = inner_model(unet)
     before = set(unet.state_dict())
-    unet.load_lora_adapter(folder, weight_name=name, prefix="unet", adapter_name="export")
+    unet.load_lora_adapter(folder, weight_name=name, prefix=prefix, adapter_name="export")
     # diffusers only warns when no key matched (the adapter then changes nothing): refuse that instead.
     added = [k for k in unet.state_dict() if k not in before and "lora_" in k]
     if not added:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from ddpo_grpo.core.families import family_of_scheduler, get_family
+from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.forward_loss import OBJECTIVES
 from ddpo_grpo.core.loss import KL_STEPS
 from ddpo_grpo.core.sde_with_logprob import SDE_TYPES
@@ -73,20 +73,19 @@ class RunContext:
 
 
 def model_family(config) -> str:
-    """The family name ("ddim", "flow") from the model's scheduler config, read without loading weights."""
-    import json
-
-    from ddpo_grpo.models import BUILT, ModelPathError, resolve_model_path
+    """The family name ("ddim", "flow") from the model's scheduler config, read without loading weights; a folder
+    of a pipeline class no adapter loads is one ConfigError line here too."""
+    from ddpo_grpo.models import BUILT, ModelPathError, model_adapter, resolve_model_path
+    from ddpo_grpo.models.base import scheduler_family
 
     if config.pretrained.model in BUILT:
         return BUILT[config.pretrained.model]
     try:
         path = resolve_model_path(config.pretrained.model)
+        model_adapter(path)
     except ModelPathError as e:
         raise ConfigError(f"pretrained.model: {e}") from None
-    with open(os.path.join(path, "scheduler", "scheduler_config.json")) as f:
-        cls = json.load(f).get("_class_name", "")
-    return family_of_scheduler(cls).name
+    return scheduler_family(path)
 
 
 def check_resolution(config) -> None:
@@ -247,13 +246,18 @@ def adapt_lr_scale(scale: float, shift_kl: float, target: float) -> float:
     return min(max(scale, LR_SCALE_BOUNDS[0]), LR_SCALE_BOUNDS[1])
 
 
-def make_trainable(unet: torch.nn.Module, config) -> torch.optim.Optimizer:
-    """LoRA adapters (peft) or the full denoiser made trainable; returns AdamW over the trainable parameters."""
+def make_trainable(unet: torch.nn.Module, config, target_modules=None) -> torch.optim.Optimizer:
+    """LoRA adapters (peft, on the architecture's target_modules: ModelAdapter.lora_target_modules) or the full
+    denoiser made trainable; returns AdamW over the trainable parameters."""
     if config.use_lora:
         from peft import LoraConfig
 
-        unet.add_adapter(LoraConfig(r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
-                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
+        from ddpo_grpo.models.base import inner_model
+        from ddpo_grpo.models.sd import ADAPTER as SD
+
+        inner_model(unet).add_adapter(LoraConfig(
+            r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
+            target_modules=list(target_modules or SD.lora_target_modules)))
     else:
         unet.requires_grad_(True)
     t = config.train
@@ -271,7 +275,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
 
     pipe = load_pipeline(config.pretrained.model, device=accelerator.device, resolution=config.pretrained.resolution)
     unet = pipe.unet
-    optimizer = make_trainable(unet, config)
+    optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
     t = config.train
     # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and
@@ -302,15 +306,11 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     @torch.no_grad()
     def encode(prompts):
         """Prompt embeddings (B, L, D), cached: conditions repeat k times per epoch and across epochs."""
-        from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
-
-        if pipe.text_encoder is None:
-            return torch.zeros(len(prompts), 1, pipe.unet.config.cross_attention_dim, device=accelerator.device)
         # One prompt per call: an embedding must not depend on which batch first asked for it, or a resumed
         # run (which fills the cache in a different order) would not be bit-identical.
         for p in dict.fromkeys(prompts):
             if p not in cache:
-                cache[p] = encode_prompts(pipe.text_encoder, pipe.tokenizer, [p])[0]
+                cache[p] = pipe.encode([p])[0].to(accelerator.device)
         return torch.stack([cache[p] for p in prompts])
 
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None

@@ -36,7 +36,6 @@ class SupervisedLoss:
 
     def loss(self, unet, epoch: int) -> Optional[Tuple[torch.Tensor, float]]:
         """(weighted loss, raw loss) on a fresh batch of renders, or None when the weight is 0 this epoch."""
-        from ddpo_grpo.core.pipeline_with_logprob import encode_prompts
         from ddpo_grpo.worlds.toyworld import sample_training_batch
 
         w = sup_weight(self.config, epoch)
@@ -46,7 +45,7 @@ class SupervisedLoss:
         device = next(unet.parameters()).device
         x0 = x0.to(device)
         with torch.no_grad():
-            emb = encode_prompts(self.pipe.text_encoder, self.pipe.tokenizer, prompts)
+            emb = self.pipe.encode(prompts)
         noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(int(self.rng.integers(2**62)))).to(device)
         u = torch.rand(x0.shape[0], device=device)
         xt, t, target = self.family.noised_and_target(self.pipe.scheduler, x0, noise, u)

@@ -1,0 +1,225 @@
+"""The architecture axis: what a denoiser needs, one ModelAdapter per diffusers pipeline kind.
+
+The sampler family (DDIM or flow, core/families.py) is the other axis and is chosen by the scheduler; the adapter
+owns only what differs by architecture: loading the components from a local folder, encoding prompts, the
+latent shape, the denoiser call, decoding, the LoRA targets, the FSDP2 block classes and the export formats.
+
+Everything else (sampling, training, evaluation, references, checkpoints) sees one interface:
+
+- `pipe.unet`: the denoiser as a module called `unet(x, t, encoder_hidden_states=cond)` returning an object with
+  `.sample` (x's shape), exactly as a UNet2DConditionModel. Architectures whose model takes more than one
+  condition tensor (SDXL's pooled embeds and time ids, SD3's and FLUX's pooled projections) are wrapped in a
+  `PackedDenoiser`, which unpacks `cond`;
+- `pipe.encode(prompts) -> cond (B, L, D)`: one tensor per prompt, whatever the architecture: the sequence
+  embeddings, plus, where the model takes vectors too, those vectors packed into extra rows (pack_condition).
+  So a condition is cached, stored, indexed, concatenated for classifier-free guidance and sharded like any
+  (B, L, D) tensor, and the GRPO code never learns which architecture it trains.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ddpo_grpo.errors import ConfigError
+
+
+# ----------------------------------------------------------------------------------------- condition packing
+def pack_condition(seq: torch.Tensor, vectors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """seq (B, L, D) and vectors [(B, d_i)] -> (B, L + r, D): the vectors concatenated, zero-padded to r * D and
+    appended as r extra rows (r = ceil(sum d_i / D)). unpack_condition with the same sizes inverts it exactly."""
+    if not vectors:
+        return seq
+    flat = torch.cat([v.to(seq.dtype) for v in vectors], dim=1)
+    B, D = seq.shape[0], seq.shape[2]
+    rows = math.ceil(flat.shape[1] / D)
+    flat = torch.nn.functional.pad(flat, (0, rows * D - flat.shape[1]))
+    return torch.cat([seq, flat.reshape(B, rows, D)], dim=1)
+
+
+def unpack_condition(cond: torch.Tensor, sizes: Sequence[int]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    """Inverse of pack_condition: cond (B, L + r, D) -> seq (B, L, D), [vectors (B, d_i)]."""
+    if not sizes:
+        return cond, []
+    B, D = cond.shape[0], cond.shape[2]
+    rows = math.ceil(sum(sizes) / D)
+    flat = cond[:, -rows:].reshape(B, rows * D)
+    out, at = [], 0
+    for d in sizes:
+        out.append(flat[:, at:at + d])
+        at += d
+    return cond[:, :-rows], out
+
+
+class DenoiserOutput:
+    """What diffusers' models return: the prediction as `.sample`."""
+
+    def __init__(self, sample: torch.Tensor):
+        self.sample = sample
+
+
+class PackedDenoiser(torch.nn.Module):
+    """A diffusers denoiser (`self.model`) behind the UNet call signature, for architectures that take several
+    condition tensors: subclasses unpack `encoder_hidden_states` and call the model. Its state_dict keys are the
+    model's with the prefix "model." (adapters strip it for export)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def forward(self, sample, timestep, encoder_hidden_states=None, **kwargs) -> DenoiserOutput:
+        raise NotImplementedError
+
+
+def inner_model(denoiser: torch.nn.Module) -> torch.nn.Module:
+    """The diffusers model of a denoiser (itself, or a PackedDenoiser's model)."""
+    return denoiser.model if isinstance(denoiser, PackedDenoiser) else denoiser
+
+
+def inner_state(denoiser: torch.nn.Module, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A denoiser's state dict with the PackedDenoiser prefix removed: the diffusers model's own names."""
+    if not isinstance(denoiser, PackedDenoiser):
+        return state
+    return {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+
+
+# ----------------------------------------------------------------------------------------------- the pipeline
+@dataclass
+class LoadedPipeline:
+    """What the trainer needs of a model. `family` is "ddim" (noise/v-prediction, DDIM sampling) or "flow"
+    (velocity prediction, flow-matching Euler / SDE sampling); `adapter` the architecture."""
+
+    unet: torch.nn.Module  # the denoiser (see the module docstring); a PackedDenoiser where it needs one
+    text_encoder: Optional[torch.nn.Module]
+    tokenizer: Optional[object]
+    scheduler: object
+    vae: Optional[torch.nn.Module]
+    family: str
+    path: str
+    adapter: "ModelAdapter" = None
+    components: Dict[str, object] = field(default_factory=dict)  # every loaded component by its pipeline name
+    resolution: int = 0  # pixels, for architectures whose latent size is not in the denoiser's config
+
+    def __post_init__(self):
+        if self.adapter is None:
+            from .sd import ADAPTER
+
+            self.adapter = ADAPTER
+
+    @property
+    def sample_shape(self) -> tuple:
+        """(C, H, W) of the denoised sample (latent shape when there is a VAE); (C, F, H, W) for video."""
+        return self.adapter.sample_shape(self)
+
+    def encode(self, prompts: Sequence[str]) -> torch.Tensor:
+        """The denoiser's condition (B, L, D) for each prompt (module docstring)."""
+        return self.adapter.encode(self, prompts)
+
+
+class ModelAdapter:
+    """One architecture. Subclasses set the class attributes and implement load / encode / sample_shape."""
+
+    name = ""
+    pipeline_classes: Tuple[str, ...] = ()  # model_index.json `_class_name`s this adapter loads
+    denoiser_folder = "unet"  # the denoiser's subfolder, and its component name in the pipeline
+    lora_prefix = "unet"  # key prefix of the denoiser's tensors in diffusers' LoRA files
+    lora_target_modules: Tuple[str, ...] = ()
+    fsdp_block_classes: Tuple[str, ...] = ()  # what config/accelerate/fsdp2.yaml wraps, per architecture
+
+    def load(self, path: str, torch_dtype: torch.dtype, device, resolution: int = 0) -> LoadedPipeline:
+        raise NotImplementedError
+
+    def encode(self, pipe: LoadedPipeline, prompts: Sequence[str]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sample_shape(self, pipe: LoadedPipeline) -> tuple:
+        raise NotImplementedError
+
+    def stock_pipeline(self, pipe: LoadedPipeline, denoiser: torch.nn.Module):
+        """The diffusers pipeline object over these components with `denoiser` (the exported model), or None where
+        no stock pipeline class describes the model (then each component is saved in its own folder)."""
+        return None
+
+    def save_lora(self, out_dir: str, layers: Dict[str, torch.Tensor], metadata: dict) -> None:
+        """Write diffusers' LoRA file for the denoiser's adapter tensors (names without the adapter name)."""
+        from diffusers import StableDiffusionPipeline
+
+        StableDiffusionPipeline.save_lora_weights(out_dir, unet_lora_layers=layers, unet_lora_adapter_metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------------------ the registry
+# model_index.json `_class_name` -> the module holding that architecture's ADAPTER (imported when used).
+ADAPTER_MODULES: Dict[str, str] = {
+    "StableDiffusionPipeline": "ddpo_grpo.models.sd",
+}
+
+
+def register(pipeline_class: str, module: str) -> None:
+    """Another architecture's adapter module (its ADAPTER) for a pipeline class: the plugin route."""
+    ADAPTER_MODULES[pipeline_class] = module
+
+
+def model_index_class(path: str) -> Optional[str]:
+    import json
+
+    f = os.path.join(path, "model_index.json")
+    if not os.path.isfile(f):
+        return None
+    with open(f) as fh:
+        return json.load(fh).get("_class_name")
+
+
+def adapter_for(path: str) -> ModelAdapter:
+    """The adapter of a model folder: by its model_index.json's `_class_name`; a folder without one (the bundled
+    models, older Stable Diffusion folders) is a UNet2DConditionModel + CLIP model. One ConfigError line for a
+    pipeline class no adapter loads."""
+    import importlib
+
+    cls = model_index_class(path)
+    if cls is None:
+        cls = "StableDiffusionPipeline"
+    if cls not in ADAPTER_MODULES:
+        raise ConfigError(f"model {path!r} is a {cls}; supported pipeline classes: {', '.join(sorted(ADAPTER_MODULES))}")
+    return importlib.import_module(ADAPTER_MODULES[cls]).ADAPTER
+
+
+def scheduler_family(path: str) -> str:
+    """The family name from the model's scheduler config ("flow" for FlowMatchEulerDiscreteScheduler, else "ddim")."""
+    import json
+
+    from ddpo_grpo.core.families import family_of_scheduler
+
+    with open(os.path.join(path, "scheduler", "scheduler_config.json")) as f:
+        return family_of_scheduler(json.load(f).get("_class_name", "")).name
+
+
+def load_scheduler(path: str, **overrides):
+    """(scheduler, family name): the folder's scheduler config as the family's scheduler class (core.families), e.g.
+    a Stable Diffusion PNDM config as DDIM, as DDPO does; `overrides` replace config entries."""
+    from diffusers import DDIMScheduler
+
+    from ddpo_grpo.core.families import family_of_scheduler
+
+    cfg = dict(DDIMScheduler.load_config(path, subfolder="scheduler", local_files_only=True), **overrides)
+    family = family_of_scheduler(cfg.get("_class_name"))
+    return family.scheduler_from_config(cfg), family.name
+
+
+def freeze(*modules) -> None:
+    for m in modules:
+        if isinstance(m, torch.nn.Module):
+            m.requires_grad_(False)
+            m.eval()
+
+
