@@ -41,9 +41,11 @@ def encode_prompts(text_encoder, tokenizer, prompts: Sequence[str], device=None)
 
 
 def decode(vae, latents: torch.Tensor) -> torch.Tensor:
-    """Latents (B, C, H, W) -> images in [0, 1] float32 (B, 3, H', W'); pixel models decode x in [-1, 1]."""
+    """Latents (B, C, H, W) -> images in [0, 1] float32 (B, 3, H', W'); pixel models decode x in [-1, 1].
+    As diffusers' pipelines: latents / scaling_factor (+ shift_factor where the VAE has one: SD3, FLUX)."""
     if vae is not None:
-        latents = vae.decode(latents / vae.config.scaling_factor, return_dict=False)[0]
+        shift = getattr(vae.config, "shift_factor", None) or 0.0
+        latents = vae.decode(latents / vae.config.scaling_factor + shift, return_dict=False)[0]
     return (latents.float() / 2 + 0.5).clamp(0, 1)
 
 

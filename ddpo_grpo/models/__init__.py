@@ -17,6 +17,11 @@ BUNDLED = {
 }
 # Models built from configs in memory (random weights, nothing read from disk): name -> family.
 BUILT = {"sd15-random": "ddim"}
+# Tiny random builds of other architectures ("module:function(out_dir)", seeded random weights, tokenizers built
+# locally): written with save_pretrained into TINY_CACHE on first use, then loaded from that folder like a user's.
+TINY_BUILDS: dict = {}
+TINY_CACHE = os.environ.get("DDPO_GRPO_TINY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ddpo_grpo",
+                                                                      "tiny_builds")
 # The bundled models: in a source checkout (editable install or none) the top-level assets/ beside ddpo_grpo/;
 # in a wheel / non-editable install ddpo_grpo/assets/, where setup.py maps assets/ as package data. A checkout is
 # recognised by its setup.py, so an installed copy never reads a checkout's folder (nor a checkout a stale one).
@@ -34,12 +39,15 @@ def resolve_model_path(path_or_name: str) -> str:
     """A bundled model name ("tiny-t2i") or a local folder -> an existing folder path."""
     if path_or_name in BUNDLED:
         path = os.path.join(ASSETS_DIR, BUNDLED[path_or_name])
+    elif path_or_name in TINY_BUILDS:
+        path = tiny_build(path_or_name)
     else:
         path = path_or_name
     if not os.path.isdir(path):
         raise ModelPathError(
             f"model path {path_or_name!r} is not a folder; give a local diffusers-format folder "
-            f"or one of the bundled models {sorted(BUNDLED)} or built ones {sorted(BUILT)} (no downloads are made)"
+            f"or one of the bundled models {sorted(BUNDLED)} or built ones {sorted(BUILT) + sorted(TINY_BUILDS)} "
+            "(no downloads are made)"
         )
     has_denoiser = os.path.isfile(os.path.join(path, "model_index.json")) or os.path.isdir(os.path.join(path, "unet"))
     if not has_denoiser or not os.path.isdir(os.path.join(path, "scheduler")):
@@ -47,6 +55,30 @@ def resolve_model_path(path_or_name: str) -> str:
             f"model path {path!r} has no model_index.json (or unet/) and scheduler/; expected a diffusers-format "
             "folder as written by save_pretrained (model_index.json, scheduler/ and the pipeline's components)"
         )
+    return path
+
+
+def tiny_build(name: str) -> str:
+    """The folder of a TINY_BUILDS model, built on first use (written beside and renamed: never half a folder)."""
+    import importlib
+    import shutil
+
+    path = os.path.join(TINY_CACHE, name)
+    done = lambda: os.path.isfile(os.path.join(path, "model_index.json"))  # noqa: E731
+    if not done():
+        module, fn = TINY_BUILDS[name].split(":")
+        tmp = f"{path}.tmp-{os.getpid()}"  # several processes may build at once: each its own, the first rename wins
+        shutil.rmtree(tmp, ignore_errors=True)
+        getattr(importlib.import_module(module), fn)(tmp)
+        os.makedirs(TINY_CACHE, exist_ok=True)
+        if os.path.isdir(path) and not done():
+            shutil.rmtree(path, ignore_errors=True)  # an older, incomplete folder
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if not done():
+                raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

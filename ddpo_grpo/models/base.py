@@ -162,6 +162,9 @@ class ModelAdapter:
 # model_index.json `_class_name` -> the module holding that architecture's ADAPTER (imported when used).
 ADAPTER_MODULES: Dict[str, str] = {
     "StableDiffusionPipeline": "ddpo_grpo.models.sd",
+    "StableDiffusionXLPipeline": "ddpo_grpo.models.sdxl",
+    "StableDiffusion3Pipeline": "ddpo_grpo.models.sd3",
+    "FluxPipeline": "ddpo_grpo.models.flux",
 }
 
 
@@ -191,7 +194,10 @@ def adapter_for(path: str) -> ModelAdapter:
         cls = "StableDiffusionPipeline"
     if cls not in ADAPTER_MODULES:
         raise ConfigError(f"model {path!r} is a {cls}; supported pipeline classes: {', '.join(sorted(ADAPTER_MODULES))}")
-    return importlib.import_module(ADAPTER_MODULES[cls]).ADAPTER
+    try:
+        return importlib.import_module(ADAPTER_MODULES[cls]).ADAPTER
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"model {path!r} is a {cls}, whose adapter {ADAPTER_MODULES[cls]} cannot be imported ({e})")
 
 
 def scheduler_family(path: str) -> str:
