@@ -19,7 +19,8 @@ BUNDLED = {
 BUILT = {"sd15-random": "ddim"}
 # Tiny random builds of other architectures ("module:function(out_dir)", seeded random weights, tokenizers built
 # locally): written with save_pretrained into TINY_CACHE on first use, then loaded from that folder like a user's.
-TINY_BUILDS: dict = {}
+TINY_BUILDS = {"sdxl-tiny": "ddpo_grpo.models.sdxl:build_tiny", "sd3-tiny": "ddpo_grpo.models.sd3:build_tiny",
+               "flux-tiny": "ddpo_grpo.models.flux:build_tiny"}
 TINY_CACHE = os.environ.get("DDPO_GRPO_TINY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ddpo_grpo",
                                                                       "tiny_builds")
 # The bundled models: in a source checkout (editable install or none) the top-level assets/ beside ddpo_grpo/;
