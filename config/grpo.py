@@ -263,10 +263,9 @@ def sd15_random_bench():
 
 
 def get_config(name: str = "tiny"):
-    configs = {
-        f.__name__: f for f in (tiny, tiny_colour, tiny_colour_nft, tiny_colour_grpo, ddpo, tiny_per_step, tiny_raft, tiny_nft, tiny_kl, compressibility, incompressibility,
-                                 aesthetic, tiny_flow, tiny_flow_window, recam, recam_tiny, sd15_random_bench)
-    }
+    # Every function of this file is a named config (an architecture's configs sit after its section heading).
+    configs = {n: f for n, f in globals().items()
+               if callable(f) and getattr(f, "__module__", None) == __name__ and not n.startswith("_") and n != "get_config"}
     if name not in configs:
         raise ValueError(f"unknown config name {name!r}; choose one of: {', '.join(sorted(configs))}")
     return configs[name]()
