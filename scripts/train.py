@@ -47,6 +47,7 @@ def run(config):
     from ddpo_grpo.trainer.verification import verify_groups
 
     device = devices.setup()
+    devices.check_launch(config, device)  # lone process of an N-process launch, mesh size; CPU runs fp32 unless bf16
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     family = validate_config(config, num_processes)  # one clear line before any heavy work
     # A resumed run continues in its checkpoint's run folder (checkpoints, history, wandb run, TensorBoard curve) unless

@@ -58,3 +58,127 @@ def test_trainer_stops_with_exit_2_when_processes_outnumber_gpus():
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.strip().splitlines()[-1].startswith("error: 2 processes on this machine but 1 visible CUDA")
     assert "Traceback" not in p.stderr
+
+
+# --- Ascend NPUs: HCCL timeouts raised before the process group forms (NPU detection faked) ---
+
+HCCL = ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT")
+
+
+def test_npu_setup_raises_hccl_timeouts(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setattr(devices, "npu_available", lambda: True)
+    for k in HCCL:
+        monkeypatch.delenv(k, raising=False)
+    assert devices.setup() == "npu"
+    assert os.environ["HCCL_CONNECT_TIMEOUT"] == "1800" and os.environ["HCCL_EXEC_TIMEOUT"] == "1836"
+    assert 120 <= int(os.environ["HCCL_CONNECT_TIMEOUT"]) <= 7200  # HCCL's accepted range
+    assert int(os.environ["HCCL_EXEC_TIMEOUT"]) % 68 == 0  # HCCL rounds down to a multiple of 68 s: taken as is
+
+
+def test_users_hccl_timeouts_win(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setattr(devices, "npu_available", lambda: True)
+    monkeypatch.setenv("HCCL_CONNECT_TIMEOUT", "600")
+    monkeypatch.delenv("HCCL_EXEC_TIMEOUT", raising=False)
+    assert devices.setup() == "npu"
+    assert os.environ["HCCL_CONNECT_TIMEOUT"] == "600" and os.environ["HCCL_EXEC_TIMEOUT"] == "1836"
+    env = {"HCCL_CONNECT_TIMEOUT": "300", "HCCL_EXEC_TIMEOUT": "68"}
+    assert devices.apply_hccl_timeouts(env) == {} and env == {"HCCL_CONNECT_TIMEOUT": "300", "HCCL_EXEC_TIMEOUT": "68"}
+
+
+@pytest.mark.parametrize("forced_cpu", [True, False])
+def test_cpu_and_cuda_leave_hccl_alone(monkeypatch, forced_cpu):
+    monkeypatch.setattr(devices, "npu_available", lambda: True)  # an NPU present, but ACCELERATE_USE_CPU wins
+    if not forced_cpu:
+        monkeypatch.setattr(devices, "npu_available", lambda: False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1" if forced_cpu else "0")
+    for k in HCCL:
+        monkeypatch.delenv(k, raising=False)
+    assert devices.setup() in ("cpu", "cuda")
+    assert not any(k in os.environ for k in HCCL)
+
+
+def test_trainer_sets_hccl_timeouts_before_the_process_count_check():
+    """The real script path with a faked NPU (1 device) and WORLD_SIZE=2: the trainer stops at the process-count
+    guard, before any process group; by then both timeouts are in its environment, the user's one unchanged."""
+    code = ("import atexit, os, sys, types, torch; from ddpo_grpo.trainer import devices; "
+            "devices.npu_available = lambda: True; torch.npu = types.SimpleNamespace(device_count=lambda: 1); "
+            "atexit.register(lambda: print('HCCL', os.environ.get('HCCL_CONNECT_TIMEOUT'), "
+            "os.environ.get('HCCL_EXEC_TIMEOUT'), flush=True)); "
+            "sys.argv = ['train.py', '--config', 'config/grpo.py:tiny']; import runpy; "
+            "runpy.run_path('scripts/train.py', run_name='__main__')")
+    env = dict(os.environ, WORLD_SIZE="2", HF_HUB_OFFLINE="1", WANDB_MODE="offline", HCCL_CONNECT_TIMEOUT="900",
+               PYTHONPATH=ROOT)
+    for k in ("ACCELERATE_USE_CPU", "HCCL_EXEC_TIMEOUT", "MASTER_ADDR"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1].startswith("error: 2 processes on this machine but 1 visible NPU")
+    assert "HCCL 900 1836" in p.stdout
+
+
+# --- check_launch: what the launch asked for against what this process got (env passed in) ---
+
+def _cfg(mixed_precision="", dry_run=False):
+    import types
+    return types.SimpleNamespace(mixed_precision=mixed_precision, dry_run=dry_run)
+
+
+def test_lone_process_of_a_multi_process_launch_is_one_line():
+    """accelerate launch --cpu --num_processes 2: one process, MASTER_ADDR set, no WORLD_SIZE."""
+    env = {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1"}
+    for dry in (False, True):  # a dry run would report 1 process: refused too
+        with pytest.raises(ConfigError) as e:
+            devices.check_launch(_cfg(dry_run=dry), "cpu", env)
+        assert "\n" not in str(e.value) and str(e.value).startswith("accelerate launch started 1 process")
+        assert "ACCELERATE_USE_CPU=1 accelerate launch --config_file config/accelerate/ddp.yaml" in str(e.value)
+    for ok in ({**env, "WORLD_SIZE": "2"}, {**env, "PMI_SIZE": "2"},  # torchrun; mpirun (--mpirun_hostfile)
+               {"ACCELERATE_MIXED_PRECISION": "no"},  # accelerate launch of 1 process: no MASTER_ADDR
+               {"MASTER_ADDR": "10.0.0.1"}):  # python scripts/train.py with a cluster's MASTER_ADDR exported
+        devices.check_launch(_cfg(), "cpu", ok)
+
+
+@pytest.mark.parametrize("config_mp, launch_mp, device, want, note", [
+    ("", "bf16", "cpu", "no", "the launch's mixed_precision bf16"),  # the YAMLs' line on a CPU machine
+    ("", "fp16", "cpu", "no", "the launch's mixed_precision fp16"),
+    ("", "no", "cpu", "no", None),
+    ("fp16", "no", "cpu", "no", "config.mixed_precision=fp16"),
+    ("bf16", "no", "cpu", "bf16", None),  # asked for by name: bf16 autocast on CPU
+    ("", "bf16", "cuda", "", None),  # GPU/NPU: untouched, Accelerator takes the launch's setting
+    ("no", "bf16", "npu", "no", None),
+    ("fp8", "bf16", "cpu", "fp8", None),  # not a valid value: validate_config's own line, not silently fp32
+])
+def test_mixed_precision_rule(capsys, config_mp, launch_mp, device, want, note):
+    cfg = _cfg(config_mp)
+    devices.check_launch(cfg, device, {"ACCELERATE_MIXED_PRECISION": launch_mp, "WORLD_SIZE": "2", "RANK": "0"})
+    assert cfg.mixed_precision == want
+    out = capsys.readouterr().out
+    if note:
+        assert out.count("\n") == 1 and out.startswith(f"note: {note}") and "this CPU run trains in fp32" in out
+    else:
+        assert out == ""
+    devices.check_launch(_cfg(config_mp), device, {"ACCELERATE_MIXED_PRECISION": launch_mp, "RANK": "1"})
+    assert capsys.readouterr().out == ""  # the note once per run (rank 0)
+
+
+def test_parallelism_mesh_must_hold_every_process():
+    env = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2",
+           "PARALLELISM_CONFIG_DP_SHARD_SIZE": "8", "PARALLELISM_CONFIG_TP_SIZE": "1"}
+    devices.check_launch(_cfg(), "cuda", {**env, "WORLD_SIZE": "16"})
+    with pytest.raises(ConfigError) as e:
+        devices.check_launch(_cfg(), "cuda", {**env, "WORLD_SIZE": "8"})
+    assert "\n" not in str(e.value)
+    assert str(e.value).startswith("parallelism_config's mesh (dp_replicate 2 x dp_shard 8) holds 16 processes but "
+                                   "this launch has 8")
+    with pytest.raises(ConfigError, match="needs GPU/NPU processes: accelerate refuses it for CPU"):
+        devices.check_launch(_cfg(), "cpu", {**env, "WORLD_SIZE": "16"})
+    devices.check_launch(_cfg(dry_run=True), "cpu", {**env, "WORLD_SIZE": "16"})  # a GPU launch checked from a CPU box
+
+
+def test_deepspeed_on_cpu_processes_is_one_line():
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "2"}
+    with pytest.raises(ConfigError, match="^a DeepSpeed launch .* needs GPU/NPU processes.*ddp.yaml"):
+        devices.check_launch(_cfg(), "cpu", env)
+    devices.check_launch(_cfg(), "cuda", env)
+    devices.check_launch(_cfg(dry_run=True), "cpu", env)  # the DeepSpeed start-up guards stay checkable on CPU

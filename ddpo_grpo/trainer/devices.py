@@ -1,5 +1,7 @@
 """Device setup: CPU and CUDA need nothing; Ascend NPUs need torch_npu imported before accelerate looks
-for devices. torch_npu is optional and only imported when it is installed, never required."""
+for devices, and HCCL timeouts raised before the process group forms. torch_npu is optional and only imported when
+it is installed, never required. Also the launch checks that need no model: a lone process of a multi-process
+launch, a parallelism mesh that does not fit the launch, and the mixed-precision rule for CPU processes."""
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +35,97 @@ def setup() -> str:
     if cpu_forced():
         return "cpu"
     if npu_available():
+        apply_hccl_timeouts()
         return "npu"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# HCCL reads these when a communicator forms (CANN defaults: connect 120 s, exec 1800-1836 s by version). 120 s to
+# connect is often too short for 8+ NPUs whose ranks still load models or compile graphs, and it fails start-up
+# with an opaque HCCL timeout. Raised to torch's default process-group timeout (30 min, what NCCL ranks wait for
+# each other): HCCL_CONNECT_TIMEOUT's range is [120, 7200]; HCCL uses HCCL_EXEC_TIMEOUT rounded down to a multiple
+# of 68 s, so 1836 = 27 x 68 is taken as is.
+HCCL_TIMEOUTS = {"HCCL_CONNECT_TIMEOUT": "1800", "HCCL_EXEC_TIMEOUT": "1836"}
+
+
+def apply_hccl_timeouts(environ=None) -> dict:
+    """Set HCCL's connect and exec timeouts unless the user set them (their value wins). Returns what was set."""
+    environ = os.environ if environ is None else environ
+    applied = {}
+    for name, value in HCCL_TIMEOUTS.items():
+        if not str(environ.get(name, "")).strip():
+            environ[name] = value
+            applied[name] = value
+    return applied
+
+
+# Where a launcher says how many processes the run has: torchrun / accelerate's multi-process launchers (WORLD_SIZE)
+# and MPI (accelerate launch --mpirun_hostfile), as accelerate itself reads them for CPU process groups.
+_WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+_PARALLELISM_SIZES = ("DP_REPLICATE", "DP_SHARD", "TP", "CP", "SP")
+
+
+def _flag(environ, name: str) -> bool:
+    return str(environ.get(name, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_main(environ) -> bool:
+    return str(environ.get("RANK", "0")) == "0"
+
+
+def check_launch(config, device: str, environ=None) -> None:
+    """What the launch asked for against what this process got, before anything loads: one ConfigError line each.
+
+    * A lone process of a multi-process launch: `accelerate launch --cpu` (any --config_file), or a launch with
+      neither --multi_gpu nor a multi-process config, starts ONE process whatever --num_processes says; accelerate
+      still sets MASTER_ADDR (it does so only for several processes or machines) but no WORLD_SIZE.
+    * accelerate's parallelism_config (fsdp2_hybrid.yaml): its mesh must hold every process. On CPU processes
+      accelerate refuses a parallelism_config and does not use DeepSpeed: both are refused here, outside a dry run
+      (which may check a GPU launch from a CPU machine). FSDP launches on CPU run plain DDP (accelerate's choice).
+    * Mixed precision (one rule): config.mixed_precision decides where it is set; "" (as launched) takes the
+      launch's setting (ACCELERATE_MIXED_PRECISION: the YAML's line or --mixed_precision) on GPU/NPU, and fp32 on
+      CPU, where bf16 autocast is many times slower (no bf16 units) and fp16 does nothing. On CPU only an explicit
+      config.mixed_precision=bf16 gives bf16; anything else sets config.mixed_precision to "no", with a note.
+    """
+    environ = os.environ if environ is None else environ
+    if ("ACCELERATE_MIXED_PRECISION" in environ and str(environ.get("MASTER_ADDR", "")).strip()
+            and not any(str(environ.get(v, "")).strip() for v in _WORLD_SIZE_VARS)):
+        raise ConfigError(
+            "accelerate launch started 1 process of a multi-process launch (MASTER_ADDR set, WORLD_SIZE not): --cpu, "
+            "or a launch without --multi_gpu or a multi-process --config_file, starts one process whatever "
+            "--num_processes says; for N CPU processes (gloo) drop --cpu and run ACCELERATE_USE_CPU=1 accelerate "
+            "launch --config_file config/accelerate/ddp.yaml --num_processes N --num_machines 1 scripts/train.py ...")
+    if device == "cpu" and _flag(environ, "ACCELERATE_USE_DEEPSPEED") and not config.dry_run:
+        raise ConfigError(
+            "a DeepSpeed launch (config/accelerate/deepspeed_zero*.yaml) needs GPU/NPU processes: accelerate does not "
+            "use DeepSpeed for CPU processes; on CPU launch config/accelerate/ddp.yaml with ACCELERATE_USE_CPU=1 "
+            "instead")
+    if _flag(environ, "ACCELERATE_USE_PARALLELISM_CONFIG"):
+        sizes = {k: int(environ.get(f"PARALLELISM_CONFIG_{k}_SIZE") or 1) for k in _PARALLELISM_SIZES}
+        total = 1
+        for v in sizes.values():
+            total *= v
+        world = int(environ.get("WORLD_SIZE") or 1)
+        if device == "cpu" and total > 1 and not config.dry_run:
+            raise ConfigError(
+                "parallelism_config (FSDP2 hybrid shard, config/accelerate/fsdp2_hybrid.yaml) needs GPU/NPU processes: "
+                "accelerate refuses it for CPU processes; on CPU launch config/accelerate/ddp.yaml (or fsdp2.yaml) "
+                "with ACCELERATE_USE_CPU=1 instead")
+        if total > 1 and total != world:
+            shown = " x ".join(f"{k.lower()} {v}" for k, v in sizes.items() if v > 1)
+            raise ConfigError(
+                f"parallelism_config's mesh ({shown}) holds {total} processes but this launch has {world} "
+                "(WORLD_SIZE); make --parallelism_config_dp_replicate_size x --parallelism_config_dp_shard_size equal "
+                "the total process count (dp_replicate_size = machines, dp_shard_size = processes per machine)")
+    if device == "cpu" and config.mixed_precision in ("", "no", "fp16"):  # other values: validate_config's line
+        asked = config.mixed_precision or str(environ.get("ACCELERATE_MIXED_PRECISION", "no")).strip().lower() or "no"
+        if asked != "no":
+            source = (f"config.mixed_precision={asked}" if config.mixed_precision
+                      else f"the launch's mixed_precision {asked} (YAML line or --mixed_precision)")
+            if _is_main(environ):
+                print(f"note: {source} is for GPU/NPU processes; this CPU run trains in fp32 "
+                      "(--config.mixed_precision=bf16 forces bf16 autocast on CPU)", flush=True)
+        config.mixed_precision = "no"
 
 
 def visible_accelerators(device: str) -> int:
