@@ -1,4 +1,4 @@
-"""Training metrics over every process (training.METRIC_RULES): 2 gloo processes log what 1 process logs on the same
+"""Training metrics over every process (metrics.METRIC_RULES): 2 gloo processes log what 1 process logs on the same
 samples, where rank 0's own values differ; the reduction rules on made-up per-process values; the epoch line shows
 only the metrics the objective has (no `ratio nan` for raft/nft)."""
 import glob
@@ -12,7 +12,7 @@ import torch
 from helpers import cpu_env, launch_cmd, run_side_by_side
 
 from ddpo_grpo.trainer.reporting import epoch_line_train
-from ddpo_grpo.trainer.training import METRIC_RULES, EpochMetrics
+from ddpo_grpo.trainer.metrics import METRIC_RULES, EpochMetrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

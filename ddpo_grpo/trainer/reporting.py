@@ -55,7 +55,7 @@ def epoch_line_train(train_metrics: Dict[str, float]) -> str:
 def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], train_metrics: Dict[str, float],
               eval_metrics: Dict[str, float], timer: PhaseTimer) -> None:
     """Log the epoch to the trackers, append it to the run history, print the epoch line. train_metrics: what
-    train_epoch returned, already reduced over every process (training.METRIC_RULES); logged as train/<name>
+    train_epoch returned, already reduced over every process (metrics.METRIC_RULES); logged as train/<name>
     and kept in the history entry's "train"."""
     acc, config = ctx.accelerator, ctx.config
     means = rewards.means(mean=lambda x: _gather_mean(acc, x))  # over every process's samples

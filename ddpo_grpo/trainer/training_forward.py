@@ -22,7 +22,8 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, raft_loss
 from .sampling import EpochSamples
-from .training import EpochMetrics, optimizer_step, steps_per_sample, trainable_columns, zero_loss
+from .metrics import EpochMetrics
+from .training import optimizer_step, steps_per_sample, trainable_columns, zero_loss
 
 
 def final_x0(samples: EpochSamples, pipe, num_steps: int) -> torch.Tensor:
@@ -53,7 +54,7 @@ def sample_weights(config, adv: EpochAdvantages, eps: float, rank: int, n: int):
 
 def train_epoch_forward(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
     """num_inner_epochs passes of the forward-process objective. Returns the epoch's metrics over every process
-    (training.METRIC_RULES): loss (the mean over every trained row), grad_norm, the counts, chosen_samples, lr."""
+    (metrics.METRIC_RULES): loss (the mean over every trained row), grad_norm, the counts, chosen_samples, lr."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
     N = len(samples)
