@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sample.eta = 1.0  # DDIM stochasticity; must be > 0 for a log-probability
     config.sample.noise_level = 0.7  # flow models: SDE noise level (0 = ODE)
     config.sample.sde_type = "sde"  # flow models: "sde" (Flow-GRPO) | "cps" (coefficients-preserving)
-    config.sample.sde_window_size = 0  # flow models: train only a window of w steps (0 = all steps)
+    config.sample.sde_window_size = 0  # noise (flow SDE / DDIM eta) and training on a window of w steps only, ODE / eta 0 elsewhere (0 = all steps)
     config.sample.sde_window_mode = "random"  # "fixed" | "random" | "sliding"
     config.sample.sde_window_start = 0  # start of a "fixed" window
     # The k copies of a condition start from the same initial noise x_T (DanceGRPO); their rewards then differ

@@ -86,9 +86,10 @@ def test_noised_and_target_is_the_familys():
 
 def test_stochastic_and_stored_steps():
     ddim, flow = get_family("ddim"), get_family("flow")
-    # DDIM: every step is stochastic whatever sde_type says, and takes no window
+    # DDIM: every step is stochastic whatever sde_type says; a window (eta 0 outside it) stores its own steps only
     assert ddim.stochastic_steps(10, "sde") == ddim.stochastic_steps(10, "cps") == 10
-    assert ddim.stored_steps(10, "cps", window_size=3) == 10 and not ddim.supports_sde_window
+    assert ddim.stored_steps(10, "cps") == 10 and ddim.stored_steps(10, "sde", window_size=3) == 3
+    assert ddim.supports_sde_window
     # flow: CPS's last step has zero variance (ODE, not stored); a window stores its own steps only
     assert flow.stochastic_steps(10, "sde") == 10 and flow.stochastic_steps(10, "cps") == 9
     assert flow.stored_steps(10, "cps") == 9 and flow.stored_steps(10, "sde", window_size=3) == 3
@@ -105,8 +106,9 @@ def test_check_sample_config():
     get_family("flow").check_sample_config(sample(eta=0.0, sde_window_size=3))
     with pytest.raises(ConfigError, match=r"sample\.eta=0\.0"):
         get_family("ddim").check_sample_config(sample(eta=0.0))
-    with pytest.raises(ConfigError, match=r"sample\.sde_window_size applies to flow-matching models only"):
-        get_family("ddim").check_sample_config(sample(sde_window_size=2))
+    get_family("ddim").check_sample_config(sample(sde_window_size=2))  # DDIM's noise window
+    with pytest.raises(ConfigError, match=r"sample\.eta=0\.0"):  # the window's steps need eta > 0
+        get_family("ddim").check_sample_config(sample(eta=0.0, sde_window_size=2))
     with pytest.raises(ConfigError, match=r"sample\.noise_level=0"):
         get_family("flow").check_sample_config(sample(noise_level=0))
 

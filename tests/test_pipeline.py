@@ -74,14 +74,23 @@ def test_bf16_ratio_within_documented_bound():
     assert worst < 1e-2
 
 
-def test_sde_window_stores_only_window_steps():
-    unet, sched, settings, emb, neg, traj = _sample("flow", 1.0, window=(2, 3))
+@pytest.mark.parametrize("family", ["flow", "ddim"])
+def test_sde_window_stores_only_window_steps(family):
+    """Noise only in the window (flow SDE / DDIM eta > 0), deterministic before it: the window's input is the
+    deterministic sampler's state at that step; only the window's steps are stored, and they re-score to ratio 1."""
+    unet, sched, settings, emb, neg, traj = _sample(family, 1.0, window=(2, 3))
     assert traj.step_indices.tolist() == [2, 3, 4]
     assert traj.log_probs.shape == (B, 3) and traj.latents.shape == (B, 4, 3, 8, 8)
     assert torch.equal(traj.timesteps, sched.timesteps[2:5])
     for j in range(3):
         lp = _rescore(unet, sched, settings, emb, neg, traj, torch.arange(B), torch.full((B,), j))
         assert (torch.exp(lp - traj.log_probs[:, j]) - 1).abs().max() < 1e-6
+    g = torch.Generator().manual_seed(0)  # _sample's draws: emb, then x_T
+    torch.randn(B, 5, 8, generator=g)
+    lat = torch.randn(B, 3, 8, 8, generator=g)
+    det = pipeline_with_logprob(unet, sched, settings, emb, neg, num_inference_steps=T, latents=lat, deterministic=True)
+    assert torch.allclose(traj.latents[:, 0], det.latents[:, 2], atol=1e-6)  # steps 0-1 ran deterministically
+    assert not torch.allclose(traj.latents[:, 1], det.latents[:, 3], atol=1e-3)  # step 2 drew noise
 
 
 def test_deterministic_sampling_is_reproducible_and_has_no_logprob():

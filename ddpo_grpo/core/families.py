@@ -98,7 +98,7 @@ class ModelFamily:
         """Raise ConfigError with one clear line for sample.* values this family cannot train with
         (sample: the config's `sample` section, read for eta, noise_level and sde_window_size)."""
         if sample.sde_window_size and not self.supports_sde_window:
-            raise ConfigError("sample.sde_window_size applies to flow-matching models only; set it to 0")
+            raise ConfigError(f"sample.sde_window_size does not apply to the {self.name} family; set it to 0")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -106,6 +106,11 @@ class ModelFamily:
 
 class DDIMFamily(ModelFamily):
     """DDIM-style models: noise / v / x0 prediction (scheduler.config.prediction_type) with a DDIMScheduler."""
+
+    # DDIM's processes share the marginals q(x_t | x_0) for every eta (Song et al. 2021, Theorem 1), so eta > 0 inside
+    # a window of steps and eta = 0 (deterministic, no log-prob) elsewhere is a sampler path of the same model: DDIM's
+    # counterpart of the flow SDE window (MixGRPO, Flow-GRPO-Fast), training only where the outcome is decided.
+    supports_sde_window = True
 
     name = "ddim"
     scheduler_class_name = "DDIMScheduler"

@@ -81,7 +81,7 @@ def pipeline_with_logprob(
     prompt_embeds (B, L, D); negative_prompt_embeds (B, L, D) for CFG (guidance_scale in settings);
     latents (B, C, H, W) initial noise, else drawn from `generator` with `sample_shape` (C, H, W).
     deterministic=True: DDIM eta=0 / flow ODE everywhere, no log-probs (evaluation).
-    sde_window=(start, size): flow models only; stochastic steps only there.
+    sde_window=(start, size): stochastic (stored) steps only there, deterministic elsewhere (flow ODE, DDIM eta 0).
     Returns a Trajectory whose latents are stored in the initial latents' dtype.
     """
     B = prompt_embeds.shape[0]
@@ -95,7 +95,7 @@ def pipeline_with_logprob(
     family = get_family(settings.family)
     family.set_timesteps(scheduler, num_inference_steps)
     if sde_window is not None and not family.supports_sde_window:
-        raise ValueError("sde_window applies to flow-matching models only; DDIM trains every step")
+        raise ValueError(f"sde_window does not apply to the {family.name} family")
     timesteps = scheduler.timesteps
     # Steps past the stochastic ones (CPS's zero-variance last step) run the ODE and are not stored.
     n_stochastic = family.stochastic_steps(len(timesteps), settings.sde_type)
