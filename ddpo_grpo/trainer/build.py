@@ -94,6 +94,16 @@ def check_resolution(config) -> None:
 
     res, model = int(config.pretrained.resolution), config.pretrained.model
     if model not in BUILT:
+        # An architecture whose adapter has check_resolution(path, res) -> why not ('' if fine) samples other sizes
+        # than its native one (SD3's transformer: any multiple of VAE x patch up to its position embedding).
+        from ddpo_grpo.models import model_adapter, resolve_model_path
+
+        check = getattr(model_adapter(model), "check_resolution", None) if res else None
+        if check is not None:
+            why = check(resolve_model_path(model), res)
+            if why:
+                raise ConfigError(f"pretrained.resolution: {why}")
+            return
         if res:
             raise ConfigError(f"pretrained.resolution={res} applies to built models ({', '.join(sorted(BUILT))}) "
                               f"only; {model!r} has its own size: leave it at 0")
