@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Image size in pixels of a model built from configs ("sd15-random": 512 native, a multiple of 64); 0 = its
     # native size. Loaded checkpoints have their own size and refuse it.
     config.pretrained.resolution = 0
+    # Guidance-distilled models (FLUX.1-dev): the value fed to the transformer's guidance embedding (FluxPipeline's
+    # guidance_scale; sample.guidance_scale, true CFG, stays 1.0 for them). Models without one ignore it.
+    config.pretrained.embedded_guidance = 3.5
 
     ###### Conditions ######
     config.data = ml_collections.ConfigDict()

@@ -146,6 +146,10 @@ class ModelAdapter:
     def sample_shape(self, pipe: LoadedPipeline) -> tuple:
         raise NotImplementedError
 
+    def configure(self, pipe: LoadedPipeline, config) -> None:
+        """The run's settings that the model takes beyond its folder, applied after load (FLUX.1-dev: the embedded
+        guidance, pretrained.embedded_guidance). Default: none."""
+
     def stock_pipeline(self, pipe: LoadedPipeline, denoiser: torch.nn.Module):
         """The diffusers pipeline object over these components with `denoiser` (the exported model), or None where
         no stock pipeline class describes the model (then each component is saved in its own folder)."""
@@ -165,6 +169,7 @@ ADAPTER_MODULES: Dict[str, str] = {
     "StableDiffusionXLPipeline": "ddpo_grpo.models.sdxl",
     "StableDiffusion3Pipeline": "ddpo_grpo.models.sd3",
     "FluxPipeline": "ddpo_grpo.models.flux",
+    "WanPipeline": "ddpo_grpo.models.wan",
 }
 
 
@@ -200,24 +205,36 @@ def adapter_for(path: str) -> ModelAdapter:
         raise ConfigError(f"model {path!r} is a {cls}, whose adapter {ADAPTER_MODULES[cls]} cannot be imported ({e})")
 
 
+def flow_sigmas_config(cfg: dict) -> bool:
+    """A multistep scheduler config over flow-matching sigmas (UniPC / DPM++ with `use_flow_sigmas`, prediction_type
+    "flow_prediction": what Wan's folders hold): the model is a flow model, sampled here as flow-matching Euler with
+    shift = its `flow_shift`."""
+    return bool(cfg.get("use_flow_sigmas")) or cfg.get("prediction_type") == "flow_prediction"
+
+
 def scheduler_family(path: str) -> str:
-    """The family name from the model's scheduler config ("flow" for FlowMatchEulerDiscreteScheduler, else "ddim")."""
+    """The family name from the model's scheduler config ("flow" for FlowMatchEulerDiscreteScheduler and flow-sigma
+    configs, else "ddim")."""
     import json
 
     from ddpo_grpo.core.families import family_of_scheduler
 
     with open(os.path.join(path, "scheduler", "scheduler_config.json")) as f:
-        return family_of_scheduler(json.load(f).get("_class_name", "")).name
+        cfg = json.load(f)
+    return "flow" if flow_sigmas_config(cfg) else family_of_scheduler(cfg.get("_class_name", "")).name
 
 
 def load_scheduler(path: str, **overrides):
     """(scheduler, family name): the folder's scheduler config as the family's scheduler class (core.families), e.g.
-    a Stable Diffusion PNDM config as DDIM, as DDPO does; `overrides` replace config entries."""
+    a Stable Diffusion PNDM config as DDIM, as DDPO does, and a flow-sigma UniPC config (Wan) as flow-matching Euler
+    with its flow_shift; `overrides` replace config entries."""
     from diffusers import DDIMScheduler
 
     from ddpo_grpo.core.families import family_of_scheduler
 
     cfg = dict(DDIMScheduler.load_config(path, subfolder="scheduler", local_files_only=True), **overrides)
+    if flow_sigmas_config(cfg):  # e.g. Wan's UniPC config: flow matching with shift = flow_shift
+        cfg = dict(cfg, _class_name="FlowMatchEulerDiscreteScheduler", shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
     family = family_of_scheduler(cfg.get("_class_name"))
     return family.scheduler_from_config(cfg), family.name
 

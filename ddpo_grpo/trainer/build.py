@@ -284,6 +284,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from .supervised import SupervisedLoss
 
     pipe = load_pipeline(config.pretrained.model, device=accelerator.device, resolution=config.pretrained.resolution)
+    pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
     unet = pipe.unet
     optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too

@@ -1,0 +1,403 @@
+"""FLUX.1 dev / schnell (FluxPipeline): a FluxTransformer2DModel (MMDiT double-stream + single-stream blocks) over
+2x2-packed latents with rotary position ids (`img_ids`, `txt_ids`), conditioned on T5 token embeddings and CLIP's
+pooled embedding, with a guidance embedding (dev: guidance-distilled) or none (schnell); an AutoencoderKL with 16
+latent channels and a shift_factor; a FlowMatchEulerDiscreteScheduler (the flow family: Flow-GRPO's SDE).
+
+- condition: the pipeline's own `encode_prompt`: T5's token embeddings (B, L, D) with CLIP's pooled embedding
+  (B, P) packed into extra rows (base.pack_condition). T5's length is FluxPipeline's default (512), or the T5
+  tokenizer's model_max_length where that is shorter (the tiny build's 16 tokens).
+- denoiser: `FluxDenoiser` takes the sampler's unpacked latents (B, 16, h, w), packs them as FluxPipeline does
+  (`_pack_latents`), builds the ids (`_prepare_latent_image_ids`), passes timestep / 1000 and the embedded guidance
+  (dev), and unpacks the output to (B, 16, h, w). Packing is a permutation, so the flow step and its log-probability
+  are those of the packed latents.
+- embedded guidance: `pretrained.embedded_guidance` (FluxPipeline's `guidance_scale`, 3.5 by default), set on the
+  denoiser by `configure`; schnell (no guidance embedding) ignores it. Our classifier-free guidance
+  (`sample.guidance_scale`) stays 1.0: FLUX-dev is guidance-distilled.
+- schedule: FluxPipeline sets sigmas = linspace(1, 1/n, n) shifted by mu, which depends on the image's token count
+  (dynamic shifting). The run's resolution is fixed, so the loaded scheduler is the static-shift equivalent
+  (`FluxStaticShiftScheduler`: shift = exp(mu), the exponential time shift; mu itself for the linear one) whose
+  `set_timesteps(n)` gives FluxPipeline's sigmas. The export keeps the folder's own (dynamic) scheduler, so
+  `FluxPipeline(height=width=resolution)` reproduces the schedule.
+- resolution: `pretrained.resolution` (pixels, a multiple of 16 for FLUX.1; 0: the VAE config's sample_size,
+  1024 for FLUX.1): the transformer has no sample size.
+
+To sample a trained export with plain diffusers as the run sampled: `FluxPipeline.from_pretrained(export)` (full) or
+the base folder + `load_lora_weights(export)` (LoRA), then `pipe(prompt, height=res, width=res,
+num_inference_steps=sample.num_steps, guidance_scale=pretrained.embedded_guidance,
+max_sequence_length=min(512, pipe.tokenizer_2.model_max_length))`.
+
+`build_tiny(out_dir)`: the same classes at test size ("flux-tiny", 32x32 px). `build_flux_dev_random`: FLUX.1-dev's
+shapes with seeded random weights for GPU benchmarks, made directly on the device in the target dtype (or on the
+meta device), never two copies.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, pack_condition, \
+    unpack_condition
+
+EMBEDDED_GUIDANCE = 3.5  # FluxPipeline's default guidance_scale (FLUX.1-dev's recommended value)
+T5_MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default max_sequence_length
+COMPONENTS = ("scheduler", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer")
+
+
+# -------------------------------------------------------------------------------------------------- denoiser
+def pack_latents(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h/2 * w/2, 4C): FluxPipeline._pack_latents."""
+    from diffusers import FluxPipeline
+
+    B, C, h, w = x.shape
+    return FluxPipeline._pack_latents(x, B, C, h, w)
+
+
+def unpack_latents(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """(B, h/2 * w/2, 4C) -> (B, C, h, w), the inverse of pack_latents (FluxPipeline._unpack_latents in latent
+    units rather than pixels)."""
+    B, _, D = x.shape
+    x = x.view(B, h // 2, w // 2, D // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(B, D // 4, h, w)
+
+
+class FluxDenoiser(PackedDenoiser):
+    """FluxTransformer2DModel behind the UNet call: latents (B, C, h, w), timestep (B,) on the scheduler's 0..1000
+    scale, `encoder_hidden_states` the packed condition (B, L + r, D) -> velocity (B, C, h, w). `guidance` is the
+    embedded guidance passed where the model has a guidance embedding (FLUX.1-dev), as FluxPipeline passes it."""
+
+    def __init__(self, model: torch.nn.Module, guidance: float = EMBEDDED_GUIDANCE):
+        super().__init__(model)
+        self.guidance = float(guidance)
+
+    def forward(self, sample, timestep, encoder_hidden_states=None, **kwargs) -> DenoiserOutput:
+        from diffusers import FluxPipeline
+
+        cfg = self.model.config
+        seq, (pooled,) = unpack_condition(encoder_hidden_states, [cfg.pooled_projection_dim])
+        B, _, h, w = sample.shape
+        timestep = timestep.expand(B) if timestep.ndim == 0 else timestep
+        img_ids = FluxPipeline._prepare_latent_image_ids(B, h // 2, w // 2, sample.device, seq.dtype)
+        txt_ids = torch.zeros(seq.shape[1], 3, device=sample.device, dtype=seq.dtype)
+        guidance = (torch.full((B,), self.guidance, device=sample.device, dtype=torch.float32)
+                    if cfg.guidance_embeds else None)
+        out = self.model(hidden_states=pack_latents(sample), timestep=timestep.to(sample.dtype) / 1000,
+                         guidance=guidance, pooled_projections=pooled, encoder_hidden_states=seq, txt_ids=txt_ids,
+                         img_ids=img_ids, return_dict=False)[0]
+        return DenoiserOutput(unpack_latents(out, h, w))
+
+    # The diffusers model's switches, so that apply_unet_options works on the wrapper as on a UNet.
+    @property
+    def attn_processors(self):
+        return self.model.attn_processors
+
+    def set_attn_processor(self, processor) -> None:
+        self.model.set_attn_processor(processor)
+
+    def enable_gradient_checkpointing(self, *args, **kwargs) -> None:
+        self.model.enable_gradient_checkpointing(*args, **kwargs)
+
+
+# -------------------------------------------------------------------------------------------------- schedule
+def _static_shift_class():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    class FluxStaticShiftScheduler(FlowMatchEulerDiscreteScheduler):
+        """FluxPipeline's schedule at one resolution: `set_timesteps(n)` takes FluxPipeline's base sigmas
+        linspace(1, 1/n, n) (where no sigmas or timesteps are given) and shifts them by the static shift."""
+
+        def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
+            if num_inference_steps and sigmas is None and timesteps is None:
+                sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
+            super().set_timesteps(num_inference_steps, device=device, sigmas=sigmas, mu=mu, timesteps=timesteps)
+
+    return FluxStaticShiftScheduler
+
+
+def image_seq_len(resolution: int, vae_scale: int) -> int:
+    """The transformer's image tokens at `resolution` px: (resolution / vae_scale / 2) ** 2."""
+    return (resolution // (vae_scale * 2)) ** 2
+
+
+def static_shift(scheduler_config: dict, resolution: int, vae_scale: int) -> float:
+    """The static shift equal to FluxPipeline's dynamic one at `resolution` px: mu from the image token count
+    (diffusers' calculate_shift), exp(mu) for the exponential time shift, mu for the linear one; the config's own
+    shift where it does not shift dynamically (FLUX.1-schnell)."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    c = scheduler_config
+    if not c.get("use_dynamic_shifting", False):
+        return float(c.get("shift", 1.0))
+    mu = calculate_shift(image_seq_len(resolution, vae_scale), c.get("base_image_seq_len", 256),
+                         c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+    return math.exp(mu) if c.get("time_shift_type", "exponential") == "exponential" else float(mu)
+
+
+def static_scheduler(scheduler, resolution: int, vae_scale: int):
+    """The run's scheduler: `scheduler` (the folder's) as a FluxStaticShiftScheduler with its static shift."""
+    cfg = dict(scheduler.config)
+    cfg.update(use_dynamic_shifting=False, shift=static_shift(cfg, resolution, vae_scale))
+    return _static_shift_class().from_config(cfg)
+
+
+# --------------------------------------------------------------------------------------------------- adapter
+def _read_config(path: str, sub: str, name: str = "config.json") -> dict:
+    with open(os.path.join(path, sub, name)) as f:
+        return json.load(f)
+
+
+def vae_scale_factor(vae_config) -> int:
+    """FluxPipeline's vae_scale_factor: 2 ** (len(block_out_channels) - 1) (8 for FLUX.1)."""
+    return 2 ** (len(vae_config["block_out_channels"]) - 1)
+
+
+class FluxAdapter(ModelAdapter):
+    name = "flux"
+    pipeline_classes = ("FluxPipeline",)
+    denoiser_folder = "transformer"
+    lora_prefix = "transformer"
+    # diffusers' train_dreambooth_lora_flux.py targets: the attention projections of both streams (the single
+    # blocks' to_q/k/v included) and the double blocks' feed-forwards.
+    lora_target_modules = ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj",
+                           "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2",
+                           "ff_context.net.0.proj", "ff_context.net.2")
+    fsdp_block_classes = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0) -> LoadedPipeline:
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+        from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+
+        from ddpo_grpo.errors import ConfigError
+
+        missing = [c for c in COMPONENTS if not os.path.isdir(os.path.join(path, c))]
+        if missing:
+            raise ConfigError(f"model {path!r} is a FluxPipeline folder without {', '.join(missing)}/; it needs "
+                              f"{', '.join(COMPONENTS)}")
+        sched_class = _read_config(path, "scheduler", "scheduler_config.json").get("_class_name")
+        if sched_class != "FlowMatchEulerDiscreteScheduler":
+            raise ConfigError(f"model {path!r}: a FluxPipeline samples with FlowMatchEulerDiscreteScheduler, this "
+                              f"folder's scheduler is {sched_class}")
+        why = self.check_resolution(path, resolution)
+        if why:
+            raise ConfigError(f"pretrained.resolution: {why}")
+        kw = dict(local_files_only=True)
+
+        def model(cls, sub):
+            return cls.from_pretrained(path, subfolder=sub, torch_dtype=torch_dtype, **kw).to(device)
+
+        parts = dict(
+            transformer=model(FluxTransformer2DModel, "transformer"),
+            vae=model(AutoencoderKL, "vae"),
+            text_encoder=model(CLIPTextModel, "text_encoder"),
+            text_encoder_2=model(T5EncoderModel, "text_encoder_2"),
+            tokenizer=CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
+            tokenizer_2=T5TokenizerFast.from_pretrained(path, subfolder="tokenizer_2", **kw),
+            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
+        )
+        return self.wrap(parts, path, resolution)
+
+    def wrap(self, parts: dict, path: str, resolution: int = 0) -> LoadedPipeline:
+        """A LoadedPipeline over the components by their pipeline names (frozen; `parts["scheduler"]` the folder's
+        own, kept for the export), sampling at `resolution` px (0: the VAE config's sample_size)."""
+        freeze(*parts.values())
+        scale = vae_scale_factor(parts["vae"].config)
+        resolution = int(resolution or parts["vae"].config.sample_size)
+        scheduler = static_scheduler(parts["scheduler"], resolution, scale)
+        return LoadedPipeline(FluxDenoiser(parts["transformer"]), parts["text_encoder"], parts["tokenizer"],
+                              scheduler, parts["vae"], "flow", path, adapter=self, components=parts,
+                              resolution=resolution)
+
+    def configure(self, pipe: LoadedPipeline, config) -> None:
+        """The run's embedded guidance (pretrained.embedded_guidance) on the denoiser."""
+        pipe.unet.guidance = float(config.pretrained.get("embedded_guidance", EMBEDDED_GUIDANCE))
+
+    def check_resolution(self, path: str, resolution: int) -> str:
+        """'' if the model at `path` can sample `resolution` px images (0: the VAE's sample_size), else why not:
+        the VAE and the 2x2 packing must divide it."""
+        if not resolution:
+            return ""
+        step = vae_scale_factor(_read_config(path, "vae")) * 2
+        if resolution < 0 or resolution % step:
+            return f"resolution {resolution} must be a positive multiple of {step} px (VAE x 2x2 packing) for FLUX"
+        return ""
+
+    def flux_pipeline(self, pipe: LoadedPipeline):
+        """FluxPipeline over the loaded components (for its encode_prompt), made once per pipe."""
+        from diffusers import FluxPipeline
+
+        held = pipe.__dict__.get("_flux_pipeline")
+        if held is None:
+            held = FluxPipeline(**{k: pipe.components[k] for k in COMPONENTS})
+            pipe.__dict__["_flux_pipeline"] = held
+        return held
+
+    def max_sequence_length(self, pipe: LoadedPipeline) -> int:
+        return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_2"].model_max_length))
+
+    def encode(self, pipe, prompts: Sequence[str]) -> torch.Tensor:
+        """The pipeline's own encode_prompt: T5's token embeddings (B, L, D) with CLIP's pooled embedding (B, P)
+        packed into extra rows, (B, L + ceil(P / D), D)."""
+        device = next(pipe.components["text_encoder_2"].parameters()).device
+        seq, pooled, _ = self.flux_pipeline(pipe).encode_prompt(
+            list(prompts), device=device, max_sequence_length=self.max_sequence_length(pipe))
+        return pack_condition(seq, [pooled])
+
+    def sample_shape(self, pipe) -> tuple:
+        channels = pipe.components["transformer"].config.in_channels // 4
+        size = pipe.resolution // vae_scale_factor(pipe.vae.config)
+        return (channels, size, size)
+
+    def stock_pipeline(self, pipe, denoiser):
+        """FluxPipeline with the exported transformer and the folder's own (dynamic-shift) scheduler."""
+        from diffusers import FluxPipeline
+
+        parts = {k: pipe.components[k] for k in COMPONENTS}
+        parts["transformer"] = denoiser
+        return FluxPipeline(**parts)
+
+    def save_lora(self, out_dir, layers, metadata) -> None:
+        from diffusers import FluxPipeline
+
+        FluxPipeline.save_lora_weights(out_dir, transformer_lora_layers=layers,
+                                       transformer_lora_adapter_metadata=metadata)
+
+
+ADAPTER = FluxAdapter()
+
+
+# ------------------------------------------------------------------------------------------------------ builds
+TINY_SEED = 0
+TINY_MAX_TOKENS = 16  # CLIP's and T5's token lengths in the tiny build
+EXTRA_WORDS = ("a", "an", "the", "of", "photo", "with", "and", "on", "in")
+# FLUX.1-dev's scheduler config (FLUX.1-schnell: use_dynamic_shifting False, shift 1.0).
+FLUX_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                          max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+
+
+def _words():
+    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
+
+    return sorted(set(vocabulary()) | set(EXTRA_WORDS))
+
+
+def build_clip_tokenizer(words, model_max_length: int):
+    """A CLIP BPE tokenizer in which every word is one token (models/tiny.py's merges), padded with <|endoftext|>."""
+    import tempfile
+
+    from transformers import CLIPTokenizer
+
+    from .tiny import _bpe_for_words
+
+    vocab, merges = _bpe_for_words(list(words))
+    with tempfile.TemporaryDirectory() as tmp:  # CLIPTokenizer reads its vocabulary from files
+        with open(os.path.join(tmp, "vocab.json"), "w") as f:
+            json.dump(vocab, f)
+        with open(os.path.join(tmp, "merges.txt"), "w") as f:
+            f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
+        return CLIPTokenizer.from_pretrained(tmp, model_max_length=model_max_length, pad_token="<|endoftext|>")
+
+
+def build_t5_tokenizer(words, model_max_length: int):
+    """A T5 tokenizer (a `tokenizers` Unigram model, sentencepiece-style): every word one piece ("▁word"), single
+    letters as fallback, <pad>=0, </s>=1, <unk>=2 as in T5. save_pretrained writes tokenizer.json, which
+    transformers' T5TokenizerFast (T5Tokenizer in transformers 5) loads offline."""
+    from transformers import T5TokenizerFast
+
+    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz"))
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0) for w in words]
+             + [("\u2581", -2.0)] + [(c, -5.0) for c in letters])
+    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
+
+
+def _clip_config(tok, vocab_size: int, hidden: int, inter: int, layers: int, heads: int, positions: int):
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                          num_attention_heads=heads, projection_dim=hidden, max_position_embeddings=positions,
+                          hidden_act="quick_gelu", bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
+
+
+def tiny_parts() -> dict:
+    """The tiny build's components (seeded random weights, float32): 32x32 px images through a 4x VAE to 16x8x8
+    latents, packed 2x2 into 16 image tokens of 64; one double and one single block of width 32 (2 heads of 16,
+    rope axes 4+6+6) with a guidance embedding (dev-like); 16 text tokens of T5 width 32; CLIP pooled width 32."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+    words = _words()
+    tok = build_clip_tokenizer(words, TINY_MAX_TOKENS)
+    tok_2 = build_t5_tokenizer(words, TINY_MAX_TOKENS)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        text_encoder = CLIPTextModel(_clip_config(tok, len(tok), 32, 64, 1, 2, TINY_MAX_TOKENS))
+        text_encoder_2 = T5EncoderModel(T5Config(
+            vocab_size=len(tok_2), d_model=32, d_ff=64, d_kv=16, num_layers=1, num_heads=2,
+            feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+            relative_attention_num_buckets=8))
+        transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                             pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(16, 16, 16),
+                            down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+                            layers_per_block=1, norm_num_groups=8, sample_size=32, scaling_factor=0.3611,
+                            shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
+    return dict(transformer=transformer, vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+                tokenizer=tok, tokenizer_2=tok_2, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER))
+
+
+def build_tiny(out_dir: str) -> str:
+    """Write the tiny FLUX model ("flux-tiny") to out_dir with FluxPipeline.save_pretrained, so that
+    FluxPipeline.from_pretrained(out_dir) loads it, as it loads a user's FLUX.1 folder."""
+    from diffusers import FluxPipeline
+
+    FluxPipeline(**tiny_parts()).save_pretrained(out_dir)
+    return out_dir
+
+
+# FLUX.1-dev (black-forest-labs/FLUX.1-dev)'s component configs.
+FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+                            guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+FLUX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 512, 512),
+                down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                layers_per_block=2, norm_num_groups=32, sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159,
+                use_quant_conv=False, use_post_quant_conv=False)
+T5_XXL = dict(vocab_size=32128, d_model=4096, d_ff=10240, d_kv=64, num_layers=24, num_heads=64,
+              feed_forward_proj="gated-gelu", relative_attention_num_buckets=32, pad_token_id=0, eos_token_id=1,
+              decoder_start_token_id=0)
+
+
+def build_flux_dev_random(resolution: int = 512, torch_dtype: torch.dtype = torch.bfloat16, device="cuda",
+                          seed: int = 0) -> LoadedPipeline:
+    """FLUX.1-dev's shapes with seeded random weights, as a LoadedPipeline (flow family), for speed and memory
+    benchmarks: the 11.9 B-parameter transformer (19 double + 38 single blocks, guidance embedding), CLIP-L, T5-XXL
+    (4.8 B) and the 16-channel VAE. Every module is created on `device` directly with `torch_dtype` as the default
+    dtype, so no float32 or CPU copy is ever made ("meta": shapes only). Tokenizers are word-level over the
+    toy-world words (real embedding sizes; CLIP 77 tokens, T5 512). What it draws is noise."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+    words = _words()
+    tok, tok_2 = build_clip_tokenizer(words, 77), build_t5_tokenizer(words, T5_MAX_SEQUENCE_LENGTH)
+    device = torch.device(device)
+    default = torch.get_default_dtype()
+    fork = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=fork), device:
+            torch.manual_seed(seed)
+            torch.set_default_dtype(torch_dtype)
+            parts = dict(
+                transformer=FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER),
+                vae=AutoencoderKL(**FLUX_VAE),
+                text_encoder=CLIPTextModel(_clip_config(tok, 49408, 768, 3072, 12, 12, 77)),
+                text_encoder_2=T5EncoderModel(T5Config(**T5_XXL)),
+            )
+    finally:
+        torch.set_default_dtype(default)
+    parts.update(tokenizer=tok, tokenizer_2=tok_2, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER))
+    return ADAPTER.wrap(parts, "flux-dev-random", resolution)
