@@ -82,7 +82,7 @@ def run(config):
         accelerator.print(f"resumed from {ckpt} at epoch {ctx.state.epoch}")
     t_start = time.time()
     for epoch in range(ctx.state.epoch, config.num_epochs):
-        timer = PhaseTimer()
+        timer = PhaseTimer(accelerator.unwrap_model(ctx.unet))  # seconds and denoiser evaluations per phase
         ctx.stat_tracker.clear()
         eval_metrics = {}
         if config.eval_freq and epoch % config.eval_freq == 0:
@@ -104,6 +104,7 @@ def run(config):
         ctx.state.epoch = epoch + 1
         with timer("logging"):
             log_epoch(ctx, epoch, samples, rewards, adv, checks, train_metrics, eval_metrics, timer)  # 6.
+        timer.close()
         if config.save_freq and (ctx.state.epoch % config.save_freq == 0 or ctx.state.epoch == config.num_epochs):
             with timer("checkpoint"):
                 save_checkpoint(ctx, family)  # 8. atomic; every process takes part; with export/ for diffusers

@@ -46,6 +46,9 @@ def test_resume_continues_in_the_same_run_folder(resumed):
     assert sorted(os.listdir(run / "checkpoints")) == ["checkpoint_00001", "checkpoint_00002"]
     history = json.load(open(run / "summary.json"))["history"]
     assert [h["epoch"] for h in history] == [0, 1]  # one continuous history
+    # the cost per sample: 3 sampling steps without CFG are 3 denoiser rows per sample; training re-scores at least
+    # one trained step of each sample (tiny trains the steps with std >= 0.3)
+    assert all(h["nfe_per_sample"]["sampling"] == 3.0 and h["nfe_per_sample"]["training"] >= 1.0 for h in history)
     # one wandb run: both starts logged (offline) under the run id kept in run.json
     run_id = json.load(open(run / "run.json"))["wandb_id"]
     starts = sorted(glob.glob(str(run / "wandb" / "offline-run-*")))

@@ -382,3 +382,31 @@ def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
     assert n == 256 and n // c.sample.k == 32
     assert len(calls) == c.train.gradient_accumulation_steps * per_mb  # every call of the epoch in one step
     assert c.train.beta == 0.04 and c.train.reference_model_mixup_alpha == 1.0  # KL to the frozen start model
+
+
+def test_phase_timer_counts_denoiser_rows_per_phase():
+    """NFEs per phase: every row through the denoiser counts, CFG's unconditional half included; rows outside a
+    phase and after close() are not counted."""
+    import torch
+    from helpers import tiny_unet
+
+    from ddpo_grpo.core.policy_step import denoiser_output
+    from ddpo_grpo.trainer.reporting import PhaseTimer
+
+    unet = tiny_unet()
+    x, t, emb = torch.zeros(3, 3, 8, 8), torch.full((3,), 500), torch.zeros(3, 5, 8)
+    timer = PhaseTimer(unet)
+    with torch.no_grad():
+        with timer("sampling"):
+            denoiser_output(unet, x, t, emb, None, 1.0)  # 3 rows
+            denoiser_output(unet, x, t, emb, emb, 4.0)  # CFG: 6 rows in one call
+        denoiser_output(unet, x, t, emb, None, 1.0)  # outside any phase
+        with timer("training"):
+            with timer("inner"):
+                unet(x[:2], t[:2], encoder_hidden_states=emb[:2])
+            unet(x, t, encoder_hidden_states=emb)
+        timer.close()
+        with timer("training"):
+            unet(x, t, encoder_hidden_states=emb)
+    assert timer.rows == {"sampling": 9, "inner": 2, "training": 3}
+    assert set(timer.seconds) == {"sampling", "training", "inner"}

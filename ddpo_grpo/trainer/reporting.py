@@ -19,17 +19,33 @@ from .evaluation import evaluate
 
 
 class PhaseTimer:
-    """Wall seconds per named phase of an epoch."""
+    """Wall seconds per named phase of an epoch and, given the (unwrapped) denoiser, the rows each phase ran through
+    it: its function evaluations (NFEs; classifier-free guidance's two rows count two), the cost by which recipes
+    (branching, windows, objectives) are compared per sample rather than per epoch. close() removes the hook."""
 
-    def __init__(self):
+    def __init__(self, denoiser: Optional[torch.nn.Module] = None):
         self.seconds: Dict[str, float] = {}
+        self.rows: Dict[str, int] = {}
+        self._phase: Optional[str] = None
+        self._hook = denoiser.register_forward_pre_hook(self._count, with_kwargs=True) if denoiser is not None else None
+
+    def _count(self, module, args, kwargs) -> None:
+        x = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
+        if self._phase is not None and isinstance(x, torch.Tensor):
+            self.rows[self._phase] = self.rows.get(self._phase, 0) + int(x.shape[0])
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     @contextmanager
     def __call__(self, name: str):
-        t = time.perf_counter()
+        t, outer, self._phase = time.perf_counter(), self._phase, name
         try:
             yield
         finally:
+            self._phase = outer
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
 
@@ -77,11 +93,15 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     m.update(eval_metrics)
     m.update({f"time/{k}": v for k, v in timer.seconds.items()})
     m["time/epoch"] = float(sum(timer.seconds.values()))
+    # Denoiser evaluations per sample of this epoch (this process's rows over its samples): what a recipe costs.
+    nfe = {phase: rows / max(1, len(samples)) for phase, rows in timer.rows.items()}
+    m.update({f"nfe_per_sample/{phase}": v for phase, v in nfe.items()})
     acc.log(m, step=epoch)
     if config.logging.debug_dump:
         dump_debug(ctx, epoch, samples, rewards, adv)
     entry = {"epoch": epoch, "reward_mean": m["reward_mean"], "time": m["time/epoch"],
-             "phases": dict(timer.seconds), "samples": int(len(adv.keys_all)), "train": dict(train_metrics)}
+             "phases": dict(timer.seconds), "samples": int(len(adv.keys_all)), "train": dict(train_metrics),
+             "nfe_per_sample": nfe}
     for k, v in m.items():
         if k.endswith("strict_accuracy") or k.endswith("_accuracy") and not k.startswith("eval/"):
             entry[k] = v
