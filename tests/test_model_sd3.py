@@ -1,0 +1,234 @@
+"""Stable Diffusion 3 (StableDiffusion3Pipeline) end to end on the tiny random build `sd3-tiny`: it loads in plain
+diffusers and through our adapter (same condition as the pipeline's own encode_prompt, same denoiser output as the
+transformer called directly); the trainer runs it with LoRA and with full fine-tuning, on-policy ratio exactly 1;
+the exports load in plain diffusers in a fresh process and StableDiffusion3Pipeline's own sampling loop reproduces
+the trained policy's deterministic sample; a SIGKILL mid-epoch and resume gives bit-identical weights."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import cpu_env, run_side_by_side
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, GUIDANCE = 4, 4.5
+RUN = [f"--config.sample.num_steps={STEPS}", f"--config.sample.guidance_scale={GUIDANCE}", "--config.num_epochs=2",
+       "--config.save_freq=1", "--config.num_checkpoint_limit=5", "--config.eval_freq=0",
+       "--config.logging.wandb=False", "--config.logging.tensorboard=False", "--config.logging.image_freq=0",
+       "--config.train.timestep_fraction=1.0", "--config.train.min_step_std=0.0"]
+MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"]}
+PROMPTS = ["a red circle on the left", "a blue square in the middle", "a green triangle on the right"]
+
+# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded, and the stock pipeline's
+# __call__ samples (flow ODE, CFG with the empty negative prompt, VAE decode with shift_factor).
+PLAIN = r'''
+import json, sys, torch
+from diffusers import StableDiffusion3Pipeline
+data_path, out_path, *exports = sys.argv[1:]
+data, images = torch.load(data_path), []
+for export in exports:
+    info = json.load(open(f"{export}/export.json"))
+    if info["lora"]:
+        pipe = StableDiffusion3Pipeline.from_pretrained(info["base_model_path"])
+        pipe.load_lora_weights(export)
+    else:
+        pipe = StableDiffusion3Pipeline.from_pretrained(export)
+    with torch.no_grad():
+        images.append(pipe(prompt=data["prompts"], latents=data["x_T"], num_inference_steps=info["num_inference_steps"],
+                           guidance_scale=info["guidance_scale"], output_type="pt",
+                           max_sequence_length=min(256, pipe.tokenizer_3.model_max_length)).images)
+torch.save({"images": images, "loaded": sorted(m for m in sys.modules if m.startswith("ddpo"))}, out_path)
+'''
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh tiny-build cache for this module (the build itself is part of what is tested), for this process
+    and the trainer subprocesses."""
+    import ddpo_grpo.models as models
+
+    folder = tmp_path_factory.mktemp("tiny_builds")
+    before = models.TINY_CACHE
+    models.TINY_CACHE = str(folder)
+    yield str(folder)
+    models.TINY_CACHE = before
+
+
+@pytest.fixture(scope="module")
+def tiny(cache):
+    from ddpo_grpo.models import load_pipeline
+
+    return load_pipeline("sd3-tiny")
+
+
+def test_tiny_build_loads_in_plain_diffusers_and_through_the_adapter(tiny, cache):
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, \
+        StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection, T5EncoderModel
+
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+    from ddpo_grpo.models.base import pack_condition
+    from ddpo_grpo.models.sd3 import SD3Adapter, SD3Denoiser
+
+    path = os.path.join(cache, "sd3-tiny")
+    assert tiny.path == path and json.load(open(os.path.join(path, "model_index.json")))["_class_name"] == \
+        "StableDiffusion3Pipeline"
+    plain = StableDiffusion3Pipeline.from_pretrained(path)
+    assert isinstance(plain.transformer, SD3Transformer2DModel) and isinstance(plain.vae, AutoencoderKL)
+    assert isinstance(plain.text_encoder, CLIPTextModelWithProjection)
+    assert isinstance(plain.text_encoder_2, CLIPTextModelWithProjection)
+    assert isinstance(plain.text_encoder_3, T5EncoderModel)
+    assert isinstance(plain.scheduler, FlowMatchEulerDiscreteScheduler)
+    assert plain.vae.config.latent_channels == 16 and plain.vae.config.shift_factor == pytest.approx(0.0609)
+    # every prompt word is one token for each tokenizer (the tiny tokenizers cover the toy-world words)
+    n_words = len(PROMPTS[0].split())
+    assert len(plain.tokenizer(PROMPTS[0]).input_ids) == n_words + 2  # <|startoftext|> ... <|endoftext|>
+    assert len(plain.tokenizer_3(PROMPTS[0]).input_ids) == n_words + 1  # ... </s>
+    assert plain.tokenizer_3.unk_token_id not in plain.tokenizer_3(PROMPTS[0]).input_ids
+
+    assert isinstance(tiny.adapter, SD3Adapter) and isinstance(tiny.unet, SD3Denoiser) and tiny.family == "flow"
+    assert tiny.sample_shape == (16, 8, 8)
+    assert decode(tiny.vae, torch.zeros(1, 16, 8, 8)).shape == (1, 3, 32, 32)
+    with torch.no_grad():
+        cond = tiny.encode(PROMPTS)
+        seq, _, pooled, _ = plain.encode_prompt(PROMPTS, PROMPTS, PROMPTS, do_classifier_free_guidance=False,
+                                                max_sequence_length=16)
+    # 16 CLIP tokens + 16 T5 tokens of width 64, and the 32 pooled dims in one extra row
+    assert cond.shape == (3, 33, 64) and seq.shape == (3, 32, 64) and pooled.shape == (3, 32)
+    assert torch.allclose(cond, pack_condition(seq, [pooled]), atol=1e-6)
+    assert (cond[0] - cond[1]).abs().max() > 1e-3  # different prompts, different conditions
+    # the wrapper's call is the transformer's call with the unpacked condition
+    x, t = torch.randn(3, 16, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([900.0, 500.0, 100.0])
+    with torch.no_grad():
+        got = tiny.unet(x, t, encoder_hidden_states=cond).sample
+        want = plain.transformer(hidden_states=x, timestep=t, encoder_hidden_states=seq, pooled_projections=pooled,
+                                 return_dict=False)[0]
+    assert got.shape == x.shape and torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("D,sizes", [(64, [32]), (4096, [2048]), (8, [20, 3])])
+def test_pack_unpack_round_trip(D, sizes):
+    from ddpo_grpo.models.base import pack_condition, unpack_condition
+
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randn(2, 5, D, generator=g)
+    vecs = [torch.randn(2, d, generator=g) for d in sizes]
+    packed = pack_condition(seq, vecs)
+    rows = -(-sum(sizes) // D)
+    assert packed.shape == (2, 5 + rows, D)
+    assert (packed[:, 5:].reshape(2, -1)[:, sum(sizes):] == 0).all()  # zero padding after the vectors
+    back, out = unpack_condition(packed, sizes)
+    assert torch.equal(back, seq) and all(torch.equal(a, b) for a, b in zip(out, vecs))
+
+
+def test_lora_targets_the_joint_attention_and_resolution_check(tiny):
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+    from ddpo_grpo.trainer.build import make_trainable
+
+    pipe = load_pipeline("sd3-tiny")
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=True, lora_rank=2, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    wrapped = sorted(n[:-len(".lora_A")] for n, _ in inner_model(pipe.unet).named_modules() if n.endswith(".lora_A"))
+    # 2 joint blocks x 8 projections, less the last block's text output (context_pre_only: no to_add_out)
+    want = sorted(f"transformer_blocks.{b}.{m}" for b in (0, 1) for m in pipe.adapter.lora_target_modules
+                  if not (b == 1 and m == "attn.to_add_out"))
+    assert wrapped == want
+    trainable = [n for n, p in pipe.unet.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    # other sizes than the native 32 px: multiples of VAE (4) x patch (2) up to the position embedding's 8 patches
+    path = tiny.path
+    assert tiny.adapter.check_resolution(path, 0) == "" and tiny.adapter.check_resolution(path, 16) == ""
+    assert "multiple of 8" in tiny.adapter.check_resolution(path, 20)
+    assert "up to 64 px" in tiny.adapter.check_resolution(path, 72)
+    assert load_pipeline("sd3-tiny", resolution=16).sample_shape == (16, 4, 4)  # 16 px / 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cache):
+    """A 2-epoch sd3_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
+    tmp = tmp_path_factory.mktemp("sd3_runs")
+    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
+    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd3_tiny",
+                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT, env=env)
+            for mode, extra in MODES.items()]
+    for job, res in zip(jobs, run_side_by_side(jobs)):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return tmp
+
+
+def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+    """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, CFG
+    with the empty prompt's condition as the trainer does) by our sampler."""
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.build import make_trainable
+
+    pipe = load_pipeline("sd3-tiny")
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    with torch.no_grad():
+        emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
+        neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)
+    traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow", guidance_scale=GUIDANCE),
+                                 emb, neg, num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae,
+                                 deterministic=True)
+    return traj.images
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(runs, mode, tmp_path, cache):
+    run = runs / mode
+    history = json.load(open(run / "summary.json"))["history"]
+    assert [h["epoch"] for h in history] == [0, 1]
+    for h in history:  # the live check: before the first update the re-scored log-probs are the sampled ones
+        assert 0.0 <= h["train"]["onpolicy_ratio_max_dev"] <= 1e-6
+        assert h["train"]["grad_norm"] > 0
+    ckpts = sorted((run / "checkpoints").glob("checkpoint_*"))
+    assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
+    lora = mode == "lora"
+    export_files = sorted(os.listdir(run / "export"))
+    if lora:  # diffusers' SD3 LoRA file: transformer.<module>.lora_A/B.weight
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+        keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
+        assert keys and all(k.startswith("transformer.") and ".lora_" in k and "base_layer" not in k for k in keys)
+        assert any(".attn.add_q_proj.lora_A." in k for k in keys) and any(".attn.to_q.lora_B." in k for k in keys)
+    else:  # a complete StableDiffusion3Pipeline folder
+        assert export_files == ["export.json", "model_index.json", "scheduler", "text_encoder", "text_encoder_2",
+                                "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3", "transformer", "vae"]
+    x_T = torch.randn((len(PROMPTS), 16, 8, 8), generator=torch.Generator().manual_seed(7))
+    # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one plain process that runs while
+    # this one samples the policy
+    pairs = ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0]))
+    for export, ckpt in pairs:
+        info = json.load(open(export / "export.json"))
+        assert info["epoch"] == int(ckpt.name[-5:]) and info["guidance_scale"] == GUIDANCE
+    data, out = tmp_path / "data.pt", tmp_path / "out.pt"
+    torch.save({"x_T": x_T, "prompts": PROMPTS}, data)
+    with open(tmp_path / "plain.log", "w") as log:  # a file: a pipe nobody reads while the child runs would fill
+        p = subprocess.Popen([sys.executable, "-c", PLAIN, str(data), str(out), *(str(e) for e, _ in pairs)],
+                             cwd=str(tmp_path), env=cpu_env(), stdout=log, stderr=subprocess.STDOUT)
+        wants = [trained_policy_sample(str(ckpt), lora, x_T) for _, ckpt in pairs]
+        p.wait(timeout=180)
+    assert p.returncode == 0, (tmp_path / "plain.log").read_text()[-3000:]
+    got = torch.load(out)
+    assert got["loaded"] == []  # plain diffusers: nothing of ddpo_grpo was imported
+    for images, want in zip(got["images"], wants):
+        assert images.shape == (3, 3, 32, 32)
+        assert (images - want).abs().max().item() <= 1e-5
+    # training moved the policy: the two checkpoints sample different images, so the comparison above could fail
+    assert (wants[0] - wants[1]).abs().max().item() > 1e-4
