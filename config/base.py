@@ -45,6 +45,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Guidance-distilled models (FLUX.1-dev): the value fed to the transformer's guidance embedding (FluxPipeline's
     # guidance_scale; sample.guidance_scale, true CFG, stays 1.0 for them). Models without one ignore it.
     config.pretrained.embedded_guidance = 3.5
+    # Video models (Wan): frames per sample, 1 + 4k (the VAE compresses time 4x); 0 = the model's default (81).
+    # Image models ignore it.
+    config.pretrained.num_frames = 0
 
     ###### Conditions ######
     config.data = ml_collections.ConfigDict()

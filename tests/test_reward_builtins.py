@@ -34,9 +34,20 @@ def test_jpeg_sign_convention_and_values():
 
 
 def test_jpeg_rejects_video_and_marks_nan():
+    from ddpo_grpo.rewards import make_jpeg_compressibility
+
+    with pytest.raises(ValueError, match="video"):  # the image reward itself takes still images only
+        make_jpeg_compressibility()(torch.zeros(2, 4, 3, 8, 8), ["", ""], [{}, {}])
+    # through the registry a video is scored frame by frame and averaged per sample (rewards package docstring)
     fn = get_reward_fn("jpeg_compressibility")
-    with pytest.raises(RewardError, match="video"):
-        fn(torch.zeros(2, 4, 3, 8, 8), ["", ""], [{}, {}])
+    video = torch.rand(2, 4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    video[1, :2] = 0.5  # two flat frames: sample 1 compresses better
+    scores, det = fn(video, ["", ""], [{}, {}])
+    frames = make_jpeg_compressibility()(video.reshape(8, 3, 8, 8), [""] * 8, [{}] * 8)[0]
+    np.testing.assert_allclose(scores, frames.reshape(2, 4).mean(axis=1), rtol=1e-6)
+    assert scores[1] > scores[0]
+    with pytest.raises(RewardError, match="expects images"):  # other shapes are still refused
+        fn(torch.zeros(2, 4, 1, 3, 8, 8), ["", ""], [{}, {}])
     x = torch.zeros(2, 3, 8, 8)
     x[1, 0, 0, 0] = float("nan")
     scores, _ = fn(x, ["", ""], [{}, {}])

@@ -207,7 +207,7 @@ class FlowFamily(ModelFamily):
         # x_t = (1 - s) x0 + s noise with s = u; the target is the velocity noise - x0 (what the bundled models
         # were pretrained on); the timestep input is s on the scheduler's training scale.
         n_train = scheduler.config.num_train_timesteps
-        s = u.view(-1, 1, 1, 1).to(x0.dtype)
+        s = u.view(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)  # (N, 1, ...): images and video latents
         return (1 - s) * x0 + s * noise, u * n_train, noise - x0
 
     def stochastic_steps(self, num_steps: int, sde_type: str) -> int:

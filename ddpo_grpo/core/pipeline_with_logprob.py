@@ -23,12 +23,12 @@ class Trajectory:
     latents[:, j] is the input of stored step j and latents[:, j + 1] its output.
     """
 
-    latents: torch.Tensor  # (B, T+1, C, H, W)
+    latents: torch.Tensor  # (B, T+1, C, H, W); video (B, T+1, C, F, H, W)
     log_probs: Optional[torch.Tensor]  # (B, T) float32; None for deterministic sampling
     timesteps: torch.Tensor  # (T,) denoiser timestep values of the stored steps
     step_indices: torch.Tensor  # (T,) long, positions of the stored steps in the schedule
-    images: torch.Tensor  # (B, C, H, W) in [0, 1], float32
-    pred_x0: Optional[torch.Tensor] = None  # (B, T, C, H, W) decoded x̂0 images in [0, 1]
+    images: torch.Tensor  # (B, C, H, W) in [0, 1], float32; video: frames (B, F, C, H, W)
+    pred_x0: Optional[torch.Tensor] = None  # (B, T, C, H, W) decoded x̂0 images in [0, 1] ((B, T, F, C, H, W) video)
     step_std: Optional[torch.Tensor] = None  # (T,) the policy's std at each stored step (same for every sample)
 
 
@@ -42,10 +42,21 @@ def encode_prompts(text_encoder, tokenizer, prompts: Sequence[str], device=None)
 
 def decode(vae, latents: torch.Tensor) -> torch.Tensor:
     """Latents (B, C, H, W) -> images in [0, 1] float32 (B, 3, H', W'); pixel models decode x in [-1, 1].
-    As diffusers' pipelines: latents / scaling_factor (+ shift_factor where the VAE has one: SD3, FLUX)."""
+    As diffusers' pipelines: latents / scaling_factor (+ shift_factor where the VAE has one: SD3, FLUX), or, for a
+    VAE with per-channel latents_mean / latents_std (Wan's AutoencoderKLWan), latents * std + mean as WanPipeline.
+    Video latents (B, C, F, H, W) decode to frames (B, F', 3, H', W')."""
     if vae is not None:
-        shift = getattr(vae.config, "shift_factor", None) or 0.0
-        latents = vae.decode(latents / vae.config.scaling_factor + shift, return_dict=False)[0]
+        cfg = vae.config
+        if getattr(cfg, "scaling_factor", None) is None and getattr(cfg, "latents_mean", None) is not None:
+            shape = (1, -1) + (1,) * (latents.ndim - 2)
+            mean = torch.tensor(cfg.latents_mean).view(shape).to(latents.device, latents.dtype)
+            inv_std = 1.0 / torch.tensor(cfg.latents_std).view(shape).to(latents.device, latents.dtype)
+            latents = vae.decode((latents / inv_std + mean).to(vae.dtype), return_dict=False)[0]  # as WanPipeline
+        else:
+            shift = getattr(cfg, "shift_factor", None) or 0.0
+            latents = vae.decode(latents / cfg.scaling_factor + shift, return_dict=False)[0]
+        if latents.ndim == 5:  # video (B, 3, F, H, W) -> frames (B, F, 3, H, W)
+            latents = latents.permute(0, 2, 1, 3, 4)
     return (latents.float() / 2 + 0.5).clamp(0, 1)
 
 

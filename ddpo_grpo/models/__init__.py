@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from ddpo_grpo.errors import ConfigError
+
 from .base import LoadedPipeline, adapter_for  # noqa: F401  (LoadedPipeline: the public name)
 
 BUNDLED = {
@@ -20,7 +22,7 @@ BUILT = {"sd15-random": "ddim"}
 # Tiny random builds of other architectures ("module:function(out_dir)", seeded random weights, tokenizers built
 # locally): written with save_pretrained into TINY_CACHE on first use, then loaded from that folder like a user's.
 TINY_BUILDS = {"sdxl-tiny": "ddpo_grpo.models.sdxl:build_tiny", "sd3-tiny": "ddpo_grpo.models.sd3:build_tiny",
-               "flux-tiny": "ddpo_grpo.models.flux:build_tiny"}
+               "flux-tiny": "ddpo_grpo.models.flux:build_tiny", "wan-tiny": "ddpo_grpo.models.wan:build_tiny"}
 TINY_CACHE = os.environ.get("DDPO_GRPO_TINY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ddpo_grpo",
                                                                       "tiny_builds")
 # The bundled models: in a source checkout (editable install or none) the top-level assets/ beside ddpo_grpo/;
@@ -94,20 +96,24 @@ def model_adapter(path_or_name: str):
 
 
 def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu",
-                  resolution: int = 0) -> LoadedPipeline:
+                  resolution: int = 0, num_frames: int = 0) -> LoadedPipeline:
     """Load a model's components from a local folder, never the hub, through its architecture's adapter (chosen by
     model_index.json's `_class_name`); or build a BUILT model ("sd15-random") at `resolution` pixels (0: native).
 
     The scheduler class decides the sampler family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler
     -> "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
-    checkpoints.
+    checkpoints. num_frames: frames of a video model's samples (0: its default); refused for image models.
     """
     if path_or_name in BUILT:
         from .sd15_random import NATIVE_RESOLUTION, build_sd15_random
 
         return build_sd15_random(resolution or NATIVE_RESOLUTION, torch_dtype=torch_dtype, device=device)
     path = resolve_model_path(path_or_name)
-    return adapter_for(path).load(path, torch_dtype=torch_dtype, device=device, resolution=resolution)
+    adapter = adapter_for(path)
+    if num_frames and not getattr(adapter, "video", False):
+        raise ConfigError(f"num_frames={num_frames} applies to video models; {path_or_name!r} makes images")
+    kw = {"num_frames": num_frames} if num_frames else {}
+    return adapter.load(path, torch_dtype=torch_dtype, device=device, resolution=resolution, **kw)
 
 
 UNET_ATTENTION = ("sdpa", "math")

@@ -234,7 +234,13 @@ def load_scheduler(path: str, **overrides):
 
     cfg = dict(DDIMScheduler.load_config(path, subfolder="scheduler", local_files_only=True), **overrides)
     if flow_sigmas_config(cfg):  # e.g. Wan's UniPC config: flow matching with shift = flow_shift
-        cfg = dict(cfg, _class_name="FlowMatchEulerDiscreteScheduler", shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
+        import inspect
+
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        takes = inspect.signature(FlowMatchEulerDiscreteScheduler.__init__).parameters  # (no warning for the rest)
+        cfg = dict({k: v for k, v in cfg.items() if k in takes}, _class_name="FlowMatchEulerDiscreteScheduler",
+                   shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
     family = family_of_scheduler(cfg.get("_class_name"))
     return family.scheduler_from_config(cfg), family.name
 

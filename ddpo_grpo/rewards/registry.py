@@ -7,6 +7,12 @@ through the entry-point group ``ddpo_grpo.rewards``, e.g. in a plugin's setup.py
     entry_points={"ddpo_grpo.rewards": ["my_reward = my_pkg.rewards:make_my_reward"]}
 
 Built-ins win over entry points of the same name.
+
+Video (samples of frames (B, F, C, H, W)): a reward function scores still images by default; `RewardFn` then
+scores every frame (frames flattened to (B*F, C, H, W), each sample's prompt and metadata repeated F times) and
+returns each sample's mean over its frames (scores and details alike; a non-finite frame makes the sample's
+score non-finite, so it is marked invalid). A factory marked with `@clip_reward` (attribute `takes_clips = True`,
+on the factory or on the function it returns) gets the clips (B, F, C, H, W) as they are.
 """
 from __future__ import annotations
 
@@ -96,21 +102,66 @@ def get_reward_factory(name: str) -> RewardFactory:
         ) from e
 
 
-class RewardFn:
-    """A reward function tagged with its registry name; exceptions are re-raised as `RewardError`."""
+def clip_reward(factory: RewardFactory) -> RewardFactory:
+    """Decorator marking a reward factory whose reward function scores whole clips: it gets video batches
+    (B, F, C, H, W) as they are, instead of one call on every frame averaged per sample (the default)."""
+    factory.takes_clips = True
+    return factory
 
-    def __init__(self, name: str, fn: Callable, kwargs: Optional[dict] = None):
+
+def _per_frame(values, batch: int, frames: int, what: str, name: str):
+    """(B*F,) per-frame values -> (B,) float64 means over each sample's frames."""
+    import numpy as np
+
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.shape != (batch * frames,):
+        raise RewardError(f"reward {name!r} returned {what} of shape {arr.shape} for {batch} videos of {frames} frames; "
+                          f"it scores still images, so it is called on the {batch * frames} frames and must return "
+                          f"({batch * frames},) (or mark its factory @clip_reward to get (B, F, C, H, W))", name)
+    if arr.dtype.kind not in "fiub":
+        return arr  # left for the caller's dtype check
+    with np.errstate(invalid="ignore", over="ignore"):
+        return arr.astype(np.float64).reshape(batch, frames).mean(axis=1)
+
+
+class RewardFn:
+    """A reward function tagged with its registry name; exceptions are re-raised as `RewardError`. Video batches
+    (B, F, C, H, W) are scored frame by frame and averaged per sample unless `takes_clips` (module docstring)."""
+
+    def __init__(self, name: str, fn: Callable, kwargs: Optional[dict] = None, takes_clips: bool = False):
         self.name = name
         self.fn = fn
         self.kwargs = dict(kwargs or {})
+        self.takes_clips = bool(takes_clips or getattr(fn, "takes_clips", False))
 
     def __call__(self, images, prompts, metadata):
         try:
+            if getattr(images, "ndim", 0) == 5 and not self.takes_clips:
+                return self._frames(images, prompts, metadata)
             return self.fn(images, prompts, metadata)
         except RewardError:
             raise
         except Exception as e:
             raise _fail(self.name, e) from e
+
+    def _frames(self, videos, prompts, metadata):
+        """An image reward on video: every frame scored, each sample's scores and details averaged over frames."""
+        from collections.abc import Mapping
+
+        B, F = videos.shape[:2]
+        frames = videos.reshape(B * F, *videos.shape[2:])
+        rep = lambda xs: None if xs is None else [x for x in xs for _ in range(F)]  # noqa: E731
+        out = self.fn(frames, rep(prompts), rep(metadata))
+        if isinstance(out, tuple) and len(out) == 2 and (out[1] is None or isinstance(out[1], Mapping)):
+            scores, details = out
+        else:
+            scores, details = out, None
+        means = _per_frame(scores, B, F, "scores", self.name)
+        if details is None:
+            return means
+        return means, {k: _per_frame(v, B, F, f"detail {k!r}", self.name) for k, v in details.items()}
 
     def __repr__(self) -> str:
         return f"RewardFn({self.name!r}, {_describe(self.fn)})"
@@ -142,4 +193,4 @@ def get_reward_fn(name: str, **kwargs) -> RewardFn:
         raise _fail(name, e) from e
     if not callable(fn):
         raise RewardError(f"reward {name!r} failed: its factory returned {type(fn).__name__}, not a callable", name)
-    return RewardFn(name, fn, kwargs)
+    return RewardFn(name, fn, kwargs, takes_clips=getattr(factory, "takes_clips", False))

@@ -183,30 +183,57 @@ def finish(ctx, seconds: float, final_eval: bool = True) -> None:
 
 # ----------------------------------------------------------------------------- image grids and the reward curve
 CELL = 128  # grid cell size: the tiny 32x32 samples are upscaled so a person can see them
+STRIP_FRAMES = 8  # video: frames shown side by side in a grid cell, evenly spaced from the first to the last
+VIDEO_FPS = 16  # video: the frame rate of the clips logged to wandb (Wan 2.1's)
+
+
+def _uint8_hwc(img: torch.Tensor) -> np.ndarray:
+    """(C, H, W) in [0, 1] -> uint8 (H, W, C)."""
+    return (img.detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
+
+
+def frame_strip(video: torch.Tensor, max_frames: int = STRIP_FRAMES) -> torch.Tensor:
+    """Frames (F, C, H, W) -> one image (C, H, k W): k = min(F, max_frames) frames, evenly spaced from the first to the
+    last, side by side in time order. A still image (C, H, W) is returned as it is."""
+    if video.ndim == 3:
+        return video
+    idx = torch.linspace(0, video.shape[0] - 1, min(video.shape[0], max_frames)).round().long()
+    return torch.cat(list(video[idx]), dim=-1)
 
 
 def labelled_grid(images: torch.Tensor, captions: Sequence[str], ncols: int = 8) -> Image.Image:
-    """images (B, C, H, W) in [0, 1] -> one PIL grid with each caption (prompt, reward) under its image."""
+    """images (B, C, H, W) in [0, 1] -> one PIL grid with each caption (prompt, reward) under its image. Video
+    (B, F, C, H, W): each cell is the sample's frame strip (frame_strip), CELL high, as many cells wide as frames."""
     font = ImageFont.load_default()
+    images = [frame_strip(im) for im in images]
     n = len(images)
-    ncols = min(ncols, n)
+    h, w = images[0].shape[-2:] if n else (1, 1)
+    tile_w = max(CELL, round(CELL * w / h))  # still images: CELL x CELL, as before
+    ncols = max(1, min(ncols, n, ncols * CELL // tile_w))
     nrows = (n + ncols - 1) // ncols
     text_h = 44
-    grid = Image.new("RGB", (ncols * CELL, nrows * (CELL + text_h)), "white")
+    grid = Image.new("RGB", (ncols * tile_w, nrows * (CELL + text_h)), "white")
     draw = ImageDraw.Draw(grid)
     for i, (img, cap) in enumerate(zip(images, captions)):
-        arr = (img.detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
-        tile = Image.fromarray(arr).resize((CELL, CELL), Image.NEAREST)
-        x, y = (i % ncols) * CELL, (i // ncols) * (CELL + text_h)
+        tile = Image.fromarray(_uint8_hwc(img)).resize((tile_w, CELL), Image.NEAREST)
+        x, y = (i % ncols) * tile_w, (i // ncols) * (CELL + text_h)
         grid.paste(tile, (x, y))
-        draw.multiline_text((x + 2, y + CELL + 1), "\n".join(textwrap.wrap(cap, 22)[:4]), fill="black", font=font,
-                            spacing=0)
+        draw.multiline_text((x + 2, y + CELL + 1), "\n".join(textwrap.wrap(cap, 22 * tile_w // CELL)[:4]),
+                            fill="black", font=font, spacing=0)
     return grid
+
+
+def write_gif(video: torch.Tensor, path: str, fps: int = VIDEO_FPS) -> str:
+    """Frames (F, C, H, W) in [0, 1] -> an animated GIF at `path` (PIL: no video encoder needed)."""
+    frames = [Image.fromarray(_uint8_hwc(f)) for f in video]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=max(1, round(1000 / fps)), loop=0)
+    return path
 
 
 def log_images(accelerator, name: str, grid: Image.Image, step: int, images: Optional[torch.Tensor] = None,
                captions: Optional[List[str]] = None) -> None:
-    """The grid to TensorBoard and wandb; wandb also gets each image with its caption."""
+    """The grid to TensorBoard and wandb; wandb also gets each image with its caption, or, for video (B, F, C, H, W),
+    each sample as a wandb.Video (an animated GIF) with its caption."""
     arr = np.asarray(grid)
     for tracker in accelerator.trackers:
         if tracker.name == "tensorboard":
@@ -215,9 +242,15 @@ def log_images(accelerator, name: str, grid: Image.Image, step: int, images: Opt
             import wandb
 
             tracker.log({f"{name}_grid": wandb.Image(grid, caption=name)}, step=step)
-            if images is not None:
-                items = [wandb.Image((im.float().clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255).astype(np.uint8),
-                                      caption=c) for im, c in zip(images, captions)]
+            if images is not None and images.ndim == 5:
+                import tempfile
+
+                with tempfile.TemporaryDirectory() as tmp:  # wandb copies each file into its run when logged
+                    items = [wandb.Video(write_gif(v, os.path.join(tmp, f"{name}_{i}.gif")), caption=c, format="gif")
+                             for i, (v, c) in enumerate(zip(images, captions))]
+                    tracker.log({name: items}, step=step)
+            elif images is not None:
+                items = [wandb.Image(_uint8_hwc(im), caption=c) for im, c in zip(images, captions)]
                 tracker.log({name: items}, step=step)
 
 

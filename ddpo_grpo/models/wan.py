@@ -1,0 +1,283 @@
+"""Wan 2.1 text-to-video (WanPipeline): a WanTransformer3DModel conditioned on UMT5 token embeddings, the causal 3-D
+VAE AutoencoderKLWan (8x space, 4x time, per-channel latents_mean / latents_std), and flow matching.
+
+- latents: (C, F', H/8, W/8) per sample, F' = (F - 1) / 4 + 1 for F = 1 + 4k frames; the transformer takes them as
+  (B, C, F', H', W') and is called exactly like a UNet (`transformer(x, t, encoder_hidden_states=cond).sample`), so
+  no PackedDenoiser is needed. Decoded samples are frames (B, F, 3, H, W) in [0, 1] (core.pipeline_with_logprob.decode
+  undoes the per-channel normalisation as WanPipeline does).
+- condition: WanPipeline's own `encode_prompt` (UMT5 last hidden states, zeroed after each prompt's tokens,
+  (B, 226, D)); the negative prompt is "" as the stock pipeline's default.
+- scheduler: the released folders hold a UniPCMultistepScheduler config with `flow_shift` (3.0 for 480p); it is
+  loaded as a FlowMatchEulerDiscreteScheduler with shift = flow_shift (models.base.load_scheduler), the flow family
+  (Flow-GRPO's SDE / CPS). Exports carry that scheduler, so WanPipeline.from_pretrained(export) samples with it.
+- size: pretrained.resolution (square, a multiple of 16) and pretrained.num_frames (1 + 4k); 0 = WanPipeline's
+  defaults, 480x832 px and 81 frames.
+
+`build_tiny(out_dir)`: the same classes at test size ("wan-tiny": 32x32 px, 5 frames, latents 16x2x4x4).
+`build_wan21_1_3b_random`: Wan 2.1 T2V 1.3B's shapes (and UMT5-XXL's) with random weights for GPU benchmarks,
+made on the device in the target dtype.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ddpo_grpo.errors import ConfigError
+
+from .base import LoadedPipeline, ModelAdapter, freeze, load_scheduler
+
+COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
+NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
+MAX_SEQUENCE_LENGTH = 226  # WanPipeline.encode_prompt's default
+
+
+@dataclass
+class WanLoadedPipeline(LoadedPipeline):
+    """A LoadedPipeline with the video size it samples: frames, and height x width in pixels."""
+
+    num_frames: int = NATIVE_FRAMES
+    height: int = NATIVE_HEIGHT
+    width: int = NATIVE_WIDTH
+
+
+def _read_config(path: str, sub: str) -> dict:
+    with open(os.path.join(path, sub, "config.json")) as f:
+        return json.load(f)
+
+
+def _scales(vae_config) -> tuple:
+    """(temporal, spatial) compression of an AutoencoderKLWan config (dict or FrozenDict)."""
+    get = vae_config.get
+    return int(get("scale_factor_temporal") or 4), int(get("scale_factor_spatial") or 8)
+
+
+def check_size(resolution: int, num_frames: int, spatial: int = 8, temporal: int = 4, patch=(1, 2, 2)) -> str:
+    """'' if (resolution px square, num_frames) can be sampled (0: the default), else why not."""
+    step = spatial * int(patch[1])
+    if resolution and (resolution < 0 or resolution % step):
+        return f"resolution {resolution} must be a positive multiple of {step} px (VAE {spatial}x times patch {patch[1]})"
+    if num_frames and (num_frames < 1 or (num_frames - 1) % temporal):
+        return (f"num_frames {num_frames} must be 1 + {temporal}k (the VAE compresses time {temporal}x), "
+                f"e.g. {1 + temporal}, 33 or 81")
+    return ""
+
+
+class WanAdapter(ModelAdapter):
+    name = "wan"
+    pipeline_classes = ("WanPipeline",)
+    denoiser_folder = "transformer"
+    lora_prefix = "transformer"
+    # Self- and cross-attention projections and the feed-forward of every block (Flow-GRPO / DanceGRPO's Wan LoRA
+    # targets the attention; the FFN holds most of a block's weights).
+    lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+    fsdp_block_classes = ("WanTransformerBlock",)
+    video = True
+
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0) -> LoadedPipeline:
+        from diffusers import AutoencoderKLWan, WanTransformer3DModel
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        missing = [c for c in COMPONENTS if not os.path.isdir(os.path.join(path, c))]
+        if missing:
+            raise ConfigError(f"model {path!r} is a WanPipeline folder without {', '.join(missing)}/; "
+                              f"it needs {', '.join(COMPONENTS)}")
+        with open(os.path.join(path, "model_index.json")) as f:
+            index = json.load(f)
+        if (index.get("transformer_2") or [None])[0] or index.get("expand_timesteps"):
+            raise ConfigError(f"model {path!r} is a Wan 2.2 pipeline (two experts or expanded timesteps); "
+                              "only Wan 2.1-style WanPipeline folders (one transformer) are supported")
+        why = self.check_size(path, resolution, num_frames)
+        if why:
+            raise ConfigError(f"pretrained: {why}")
+        scheduler, family = load_scheduler(path)
+        if family != "flow":
+            raise ConfigError(f"model {path!r}: its scheduler config is not flow matching (no flow_shift / "
+                              "use_flow_sigmas, not FlowMatchEulerDiscreteScheduler); Wan trains with the flow family")
+        kw = dict(local_files_only=True)
+        parts = dict(
+            transformer=WanTransformer3DModel.from_pretrained(path, subfolder="transformer", torch_dtype=torch_dtype,
+                                                              **kw).to(device),
+            text_encoder=UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch_dtype,
+                                                          **kw).to(device),
+            tokenizer=AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
+            vae=AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch_dtype, **kw).to(device),
+            scheduler=scheduler,
+        )
+        return self.wrap(parts, family, path, resolution, num_frames)
+
+    def wrap(self, parts: dict, family: str, path: str, resolution: int = 0, num_frames: int = 0) -> LoadedPipeline:
+        """A WanLoadedPipeline over the components (frozen) by their pipeline names."""
+        freeze(*parts.values())
+        res = int(resolution or 0)
+        return WanLoadedPipeline(parts["transformer"], parts["text_encoder"], parts["tokenizer"], parts["scheduler"],
+                                 parts["vae"], family, path, adapter=self, components=parts, resolution=res,
+                                 num_frames=int(num_frames or NATIVE_FRAMES), height=res or NATIVE_HEIGHT,
+                                 width=res or NATIVE_WIDTH)
+
+    def check_size(self, path: str, resolution: int = 0, num_frames: int = 0) -> str:
+        temporal, spatial = _scales(_read_config(path, "vae"))
+        return check_size(resolution, num_frames, spatial, temporal, _read_config(path, "transformer")["patch_size"])
+
+    def check_resolution(self, path: str, resolution: int) -> str:
+        """'' if the model at `path` samples resolution x resolution px (0: 480x832), else why not (trainer/build)."""
+        return self.check_size(path, resolution, 0)
+
+    def configure(self, pipe, config) -> None:
+        """pretrained.num_frames (0: keep the loaded count, 81 by default): the frames each sample has."""
+        frames = int(config.pretrained.get("num_frames", 0) or 0)
+        if frames:
+            temporal, spatial = _scales(pipe.vae.config)
+            why = check_size(0, frames, spatial, temporal)
+            if why:
+                raise ConfigError(f"pretrained.num_frames: {why}")
+            pipe.num_frames = frames
+
+    def wan_pipeline(self, pipe: LoadedPipeline):
+        """WanPipeline over the loaded components (for its encode_prompt), made once per pipe."""
+        from diffusers import WanPipeline
+
+        held = pipe.__dict__.get("_wan_pipeline")
+        if held is None:
+            held = WanPipeline(**{k: pipe.components[k] for k in COMPONENTS})
+            pipe.__dict__["_wan_pipeline"] = held
+        return held
+
+    def encode(self, pipe, prompts: Sequence[str]) -> torch.Tensor:
+        """WanPipeline.encode_prompt: UMT5's token embeddings (B, 226, D), zero after each prompt's tokens."""
+        device = next(pipe.text_encoder.parameters()).device
+        embeds, _ = self.wan_pipeline(pipe).encode_prompt(list(prompts), do_classifier_free_guidance=False,
+                                                          max_sequence_length=MAX_SEQUENCE_LENGTH, device=device)
+        return embeds
+
+    def sample_shape(self, pipe) -> tuple:
+        """(C, F', H', W'): latent channels, latent frames (F - 1) / 4 + 1, and the VAE-compressed height, width."""
+        temporal, spatial = _scales(pipe.vae.config)
+        return (pipe.unet.config.in_channels, (pipe.num_frames - 1) // temporal + 1, pipe.height // spatial,
+                pipe.width // spatial)
+
+    def stock_pipeline(self, pipe, denoiser):
+        from diffusers import WanPipeline
+
+        parts = {k: pipe.components[k] for k in COMPONENTS}
+        parts["transformer"] = denoiser
+        return WanPipeline(**parts)
+
+    def save_lora(self, out_dir, layers, metadata) -> None:
+        from diffusers import WanPipeline
+
+        WanPipeline.save_lora_weights(out_dir, transformer_lora_layers=layers,
+                                      transformer_lora_adapter_metadata=metadata)
+
+
+ADAPTER = WanAdapter()
+
+
+# ------------------------------------------------------------------------------------------------------ builds
+TINY_SEED = 0
+TINY_SIZE, TINY_FRAMES = 32, 5  # pixels (square) and frames of the wan-tiny configs; latents (16, 2, 4, 4)
+TINY_FLOW_SHIFT = 3.0  # Wan 2.1's 480p value
+EXTRA_WORDS = ("a", "an", "the", "of", "video", "with", "and", "on", "in", "moving")
+
+
+def _words():
+    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
+
+    return sorted(set(vocabulary()) | set(EXTRA_WORDS))
+
+
+def build_umt5_tokenizer(words=None):
+    """A T5-style (Unigram) tokenizer built with the `tokenizers` library, as Wan's UMT5 tokenizer is: every word one
+    piece ("▁word"), single letters as fallback, <pad>=0, </s>=1, <unk>=2. Saved as tokenizer.json, which
+    transformers' T5 tokenizer class (and AutoTokenizer) loads offline."""
+    from transformers import T5TokenizerFast
+
+    words = list(words or _words())
+    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz0123456789"))
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0) for w in words]
+             + [("\u2581", -2.0)] + [(c, -5.0) for c in letters])
+    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=512)
+
+
+def wan_scheduler_config(flow_shift: float) -> dict:
+    """Wan 2.1's released scheduler: UniPC over flow sigmas with `flow_shift` (what Wan-AI/Wan2.1-T2V-*-Diffusers
+    hold), so the tiny build loads through the same UniPC -> flow-matching Euler conversion as a user's folder."""
+    return dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True,
+                flow_shift=flow_shift, solver_order=2, predict_x0=True, solver_type="bh2", lower_order_final=True,
+                final_sigmas_type="zero", timestep_spacing="linspace", steps_offset=0)
+
+
+def tiny_parts() -> dict:
+    """The tiny build's components (seeded random weights, float32): 32x32 px x 5 frames through the 8x / 4x VAE to
+    16 x 2 x 4 x 4 latents, 1x2x2 patches (8 tokens), 2 transformer blocks of width 24, UMT5 of width 32."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tok = build_umt5_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        text_encoder = UMT5EncoderModel(UMT5Config(
+            vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+            relative_attention_num_buckets=8, relative_attention_max_distance=32, feed_forward_proj="gated-gelu",
+            pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False))
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+            text_dim=32, freq_dim=32, ffn_dim=48, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+            eps=1e-6, rope_max_seq_len=32)
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                               temperal_downsample=[False, True, True])
+    scheduler = UniPCMultistepScheduler(**wan_scheduler_config(TINY_FLOW_SHIFT))
+    return dict(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tok, scheduler=scheduler)
+
+
+def build_tiny(out_dir: str) -> str:
+    """Write the tiny Wan model ("wan-tiny") to out_dir with WanPipeline.save_pretrained, so that
+    WanPipeline.from_pretrained(out_dir) loads it, as it loads a user's Wan 2.1 folder."""
+    from diffusers import WanPipeline
+
+    WanPipeline(**tiny_parts()).save_pretrained(out_dir)
+    return out_dir
+
+
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers's component configs.
+WAN21_1_3B_TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                              out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
+                              cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+WAN21_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                 temperal_downsample=[False, True, True])  # latents_mean / latents_std: AutoencoderKLWan's defaults
+UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
+                pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False)
+
+
+def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtype: torch.dtype = torch.bfloat16,
+                            device="cuda", seed: int = 0) -> LoadedPipeline:
+    """Wan 2.1 T2V 1.3B's shapes with seeded random weights, as a LoadedPipeline (flow family, shift 3), for speed and
+    memory benchmarks: the 1.4 B-parameter WanTransformer3DModel, UMT5-XXL's encoder (5.7 B) and the Wan VAE. Every
+    module is created on `device` directly with `torch_dtype` as the default dtype, so no float32 or CPU copy is ever
+    made. The tokenizer is word-level over the toy-world words (the real 256384-row embedding; prompts padded to 226
+    tokens as WanPipeline does). resolution 0 / num_frames 0: 480x832 px, 81 frames. What it draws is noise."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    why = check_size(resolution, num_frames)
+    if why:
+        raise ValueError(why)
+    tok = build_umt5_tokenizer()
+    device = torch.device(device)
+    default = torch.get_default_dtype()
+    fork = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=fork), device:
+            torch.manual_seed(seed)
+            torch.set_default_dtype(torch_dtype)
+            parts = dict(transformer=WanTransformer3DModel(**WAN21_1_3B_TRANSFORMER),
+                         text_encoder=UMT5EncoderModel(UMT5Config(**UMT5_XXL)),
+                         vae=AutoencoderKLWan(**WAN21_VAE))
+    finally:
+        torch.set_default_dtype(default)
+    parts.update(tokenizer=tok, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0))
+    return ADAPTER.wrap(parts, "flow", "wan21-1.3b-random", resolution, num_frames)
