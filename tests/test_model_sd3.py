@@ -232,3 +232,58 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
         assert (images - want).abs().max().item() <= 1e-5
     # training moved the policy: the two checkpoints sample different images, so the comparison above could fail
     assert (wants[0] - wants[1]).abs().max().item() > 1e-4
+
+
+def _start(tmp, name, cache, extra=()):
+    """An sd3_tiny trainer run in the background in a session of its own, unbuffered output to tmp/<name>.out."""
+    args = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd3_tiny", f"--config.logdir={tmp}",
+            f"--config.run_name={name}", *RESUME, *extra]
+    with open(tmp / f"{name}.out", "w") as out:
+        return subprocess.Popen(args, cwd=ROOT, env=cpu_env(DDPO_GRPO_TINY_CACHE=cache, PYTHONUNBUFFERED="1"),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(proc, tmp, name) -> str:
+    proc.wait(timeout=300)
+    out = (tmp / f"{name}.out").read_text()
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+# 3 epochs of 32 samples (8 conditions of a fixed set of 8, shared x_T), 4 optimizer steps each inside a 6-step warmup
+RESUME = [f"--config.sample.num_steps={STEPS}", "--config.num_epochs=3", "--config.save_freq=1", "--config.eval_freq=0",
+          "--config.sample.num_batches_per_epoch=4", "--config.train.lr_warmup_steps=6",
+          "--config.sample.shared_init_noise=True", "--config.data.num_conditions=8", "--config.logging.debug_dump=True",
+          "--config.logging.wandb=False", "--config.logging.tensorboard=False", "--config.logging.image_freq=0"]
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path, cache):
+    straight = _start(tmp_path, "straight", cache)
+    proc = _start(tmp_path, "killed", cache)
+    deadline = time.time() + 240
+    # killed between epoch 1's sampling and its update (the GRPO check line comes after sampling, before training)
+    while proc.poll() is None and time.time() < deadline and \
+            "epoch 1: GRPO check" not in (tmp_path / "killed.out").read_text():
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpts = tmp_path / "killed" / "checkpoints"
+    assert (ckpts / "checkpoint_00001").exists() and not (ckpts / "checkpoint_00002").exists()
+    _finish(straight, tmp_path, "straight")
+    out = _finish(_start(tmp_path, "killed", cache, [f"--config.resume_from={tmp_path / 'killed'}"]), tmp_path,
+                  "killed")
+    assert "resumed from" in out and "at epoch 1" in out
+    finals = [load_file(str(tmp_path / run / "checkpoints" / "checkpoint_00003" / "model.safetensors"))
+              for run in ("straight", "killed")]
+    assert finals[0].keys() == finals[1].keys() and any(".lora_A." in k for k in finals[0])
+    for k in finals[0]:
+        assert torch.equal(finals[0][k], finals[1][k]), k
+    moved = []
+    for epoch in range(3):
+        s, k = [json.load(open(tmp_path / run / "debug" / f"epoch_{epoch:04d}_rank_0.json"))
+                for run in ("straight", "killed")]
+        assert s["rewards"] == k["rewards"] and s["weights_sum"] == k["weights_sum"], epoch
+        assert any(s["advantages"]), epoch
+        moved.append(s["weights_sum"])
+    assert len(set(moved)) == 3  # the weights moved every epoch, so the comparisons above could fail
