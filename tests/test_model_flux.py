@@ -1,0 +1,349 @@
+"""FLUX.1 (FluxPipeline) end to end on the tiny random build `flux-tiny`: it loads in plain diffusers and through our
+adapter (same condition as the pipeline's own encode_prompt; the denoiser wrapper gives the transformer's output as
+FluxPipeline calls it: packed latents, ids, timestep / 1000, embedded guidance); our static-shift schedule is
+FluxPipeline's dynamic one at the run's resolution; the trainer runs it with LoRA and with full fine-tuning,
+on-policy ratio exactly 1; the exports load in plain diffusers in a fresh process and FluxPipeline's own sampling
+loop reproduces the trained policy's deterministic sample. Also the FLUX.1-dev real-shape build, on the meta device."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import cpu_env, run_side_by_side
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, GUIDANCE, RES = 4, 3.5, 32
+RUN = [f"--config.sample.num_steps={STEPS}", f"--config.pretrained.embedded_guidance={GUIDANCE}",
+       "--config.num_epochs=2", "--config.save_freq=1", "--config.num_checkpoint_limit=5", "--config.eval_freq=0",
+       "--config.sample.batch_size=4", "--config.train.batch_size=4", "--config.logging.wandb=False",
+       "--config.logging.tensorboard=False", "--config.logging.image_freq=0", "--config.train.timestep_fraction=1.0"]
+MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"]}
+PROMPTS = ["a red circle on the left", "a blue square in the middle", "a green triangle on the right"]
+
+# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded, and the stock pipeline's
+# __call__ samples (its own mu / sigmas for the resolution, packed latents and ids, embedded guidance, flow-matching
+# Euler, unpacking, VAE decode with shift_factor). x_T is given unpacked and packed here as FluxPipeline packs.
+PLAIN = r'''
+import json, sys, torch
+from diffusers import FluxPipeline
+data_path, out_path, exports = sys.argv[1], sys.argv[2], sys.argv[3:]
+data, images = torch.load(data_path), []
+x = data["x_T"]
+for export in exports:
+    info = json.load(open(f"{export}/export.json"))
+    if info["lora"]:
+        pipe = FluxPipeline.from_pretrained(info["base_model_path"])
+        pipe.load_lora_weights(export)
+    else:
+        pipe = FluxPipeline.from_pretrained(export)
+    with torch.no_grad():
+        images.append(pipe(prompt=data["prompts"], latents=FluxPipeline._pack_latents(x, *x.shape),
+                           height=data["res"], width=data["res"], num_inference_steps=info["num_inference_steps"],
+                           guidance_scale=data["guidance"], output_type="pt",
+                           max_sequence_length=min(512, pipe.tokenizer_2.model_max_length)).images)
+torch.save({"images": images, "loaded": sorted(m for m in sys.modules if m.startswith("ddpo"))}, out_path)
+'''
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh tiny-build cache for this module (the build itself is part of what is tested), for this process
+    and the trainer subprocesses."""
+    import ddpo_grpo.models as models
+
+    folder = tmp_path_factory.mktemp("tiny_builds")
+    before = models.TINY_CACHE
+    models.TINY_CACHE = str(folder)
+    yield str(folder)
+    models.TINY_CACHE = before
+
+
+@pytest.fixture(scope="module")
+def tiny(cache):
+    from ddpo_grpo.models import load_pipeline
+
+    return load_pipeline("flux-tiny", resolution=RES)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny):
+    from diffusers import FluxPipeline
+
+    return FluxPipeline.from_pretrained(tiny.path)
+
+
+def flux_call(transformer, x, t, seq, pooled, guidance, vae_scale=4):
+    """The transformer called as FluxPipeline.__call__ calls it, on unpacked latents x (B, 16, h, w); the output
+    unpacked with FluxPipeline._unpack_latents (pixel sizes)."""
+    from diffusers import FluxPipeline
+
+    B, C, h, w = x.shape
+    g = torch.full([1], guidance, dtype=torch.float32).expand(B) if transformer.config.guidance_embeds else None
+    out = transformer(hidden_states=FluxPipeline._pack_latents(x, B, C, h, w), timestep=t.to(x.dtype) / 1000,
+                      guidance=g, pooled_projections=pooled, encoder_hidden_states=seq,
+                      txt_ids=torch.zeros(seq.shape[1], 3),
+                      img_ids=FluxPipeline._prepare_latent_image_ids(B, h // 2, w // 2, x.device, x.dtype),
+                      return_dict=False)[0]
+    return FluxPipeline._unpack_latents(out, h * vae_scale, w * vae_scale, vae_scale)
+
+
+def test_tiny_build_loads_in_plain_diffusers_and_through_the_adapter(tiny, plain, cache):
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5EncoderModel, T5TokenizerFast
+
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+    from ddpo_grpo.models.base import pack_condition
+    from ddpo_grpo.models.flux import FluxAdapter, FluxDenoiser
+
+    path = os.path.join(cache, "flux-tiny")
+    assert tiny.path == path and json.load(open(os.path.join(path, "model_index.json")))["_class_name"] == "FluxPipeline"
+    assert isinstance(plain.transformer, FluxTransformer2DModel) and isinstance(plain.vae, AutoencoderKL)
+    assert isinstance(plain.text_encoder, CLIPTextModel) and isinstance(plain.text_encoder_2, T5EncoderModel)
+    assert isinstance(plain.tokenizer_2, T5TokenizerFast)
+    assert isinstance(plain.scheduler, FlowMatchEulerDiscreteScheduler) and plain.scheduler.config.use_dynamic_shifting
+    assert plain.transformer.config.guidance_embeds  # dev-like
+    assert plain.vae.config.latent_channels == 16 and plain.vae.config.shift_factor == pytest.approx(0.1159)
+    # every prompt word is one token for each tokenizer (the tiny tokenizers cover the toy-world words)
+    n_words = len(PROMPTS[0].split())
+    assert len(plain.tokenizer(PROMPTS[0]).input_ids) == n_words + 2  # <|startoftext|> ... <|endoftext|>
+    ids = plain.tokenizer_2(PROMPTS[0]).input_ids
+    assert len(ids) == n_words + 1 and plain.tokenizer_2.unk_token_id not in ids  # ... </s>
+
+    assert isinstance(tiny.adapter, FluxAdapter) and isinstance(tiny.unet, FluxDenoiser) and tiny.family == "flow"
+    assert tiny.resolution == RES and tiny.sample_shape == (16, 8, 8)  # 32 px / VAE 4
+    assert decode(tiny.vae, torch.zeros(1, 16, 8, 8)).shape == (1, 3, 32, 32)
+    with torch.no_grad():
+        cond = tiny.encode(PROMPTS)
+        seq, pooled, text_ids = plain.encode_prompt(PROMPTS, max_sequence_length=16)
+    # 16 T5 tokens of width 32, and CLIP's 32 pooled dims in one extra row
+    assert cond.shape == (3, 17, 32) and seq.shape == (3, 16, 32) and pooled.shape == (3, 32)
+    assert torch.allclose(cond, pack_condition(seq, [pooled]), atol=1e-6)
+    assert (cond[0] - cond[1]).abs().max() > 1e-3  # different prompts, different conditions
+
+
+def test_denoiser_is_the_transformer_called_as_flux_pipeline_calls_it(tiny, plain):
+    """Dev (guidance embedding) on the tiny build, and schnell (none) on a transformer built here."""
+    from diffusers import FluxTransformer2DModel
+
+    from ddpo_grpo.models.base import unpack_condition
+    from ddpo_grpo.models.flux import FluxDenoiser, pack_latents, unpack_latents
+
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(3, 16, 8, 8, generator=g), torch.tensor([1000.0, 620.0, 90.0])
+    with torch.no_grad():
+        cond = tiny.encode(PROMPTS)
+        seq, (pooled,) = unpack_condition(cond, [32])
+        got = tiny.unet(x, t, encoder_hidden_states=cond).sample
+        want = flux_call(plain.transformer, x, t, seq, pooled, GUIDANCE)
+        assert got.shape == x.shape and torch.allclose(got, want, atol=1e-6)
+        tiny.unet.guidance = 1.0  # the embedded guidance reaches the model
+        try:
+            other = tiny.unet(x, t, encoder_hidden_states=cond).sample
+        finally:
+            tiny.unet.guidance = GUIDANCE
+        assert torch.allclose(other, flux_call(plain.transformer, x, t, seq, pooled, 1.0), atol=1e-6)
+        assert (other - got).abs().max() > 1e-4
+        # packing is a permutation: unpack inverts it exactly
+        assert torch.equal(unpack_latents(pack_latents(x), 8, 8), x)
+        torch.manual_seed(1)
+        schnell = FluxTransformer2DModel(in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+                                         guidance_embeds=False, axes_dims_rope=(4, 6, 6)).eval()
+        got = FluxDenoiser(schnell)(x, t, encoder_hidden_states=cond).sample
+        assert torch.allclose(got, flux_call(schnell, x, t, seq, pooled, None), atol=1e-6)
+
+
+@pytest.mark.parametrize("config_name,res,vae_scale", [("tiny", 32, 4), ("tiny", 48, 4), ("dev", 512, 8),
+                                                        ("dev", 1024, 8), ("schnell", 1024, 8)])
+def test_static_shift_schedule_is_flux_pipelines(plain, config_name, res, vae_scale):
+    """FluxPipeline: sigmas linspace(1, 1/n, n) shifted by mu(image tokens) (dynamic); ours: set_timesteps(n) of the
+    static-shift scheduler, as the flow family calls it."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+    from ddpo_grpo.models.flux import FLUX_DEV_SCHEDULER, static_scheduler
+
+    cfg = {"tiny": dict(plain.scheduler.config), "dev": FLUX_DEV_SCHEDULER,
+           "schnell": dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False)}[config_name]
+    theirs = FlowMatchEulerDiscreteScheduler.from_config(cfg)
+    ours = static_scheduler(theirs, res, vae_scale)
+    seq_len = (res // vae_scale // 2) ** 2
+    mu = calculate_shift(seq_len, theirs.config.get("base_image_seq_len", 256),
+                         theirs.config.get("max_image_seq_len", 4096), theirs.config.get("base_shift", 0.5),
+                         theirs.config.get("max_shift", 1.15))
+    if config_name == "dev" and res == 1024:  # 4096 tokens: FLUX's max_shift
+        assert mu == pytest.approx(1.15) and ours.config.shift == pytest.approx(np.exp(1.15))
+    for n in (1, 4, 16, 28):
+        retrieve_timesteps(theirs, n, "cpu", sigmas=np.linspace(1.0, 1 / n, n), mu=mu)  # FluxPipeline's call
+        ours.set_timesteps(n, device="cpu")
+        assert ours.sigmas.shape == theirs.sigmas.shape == (n + 1,)
+        assert torch.allclose(ours.sigmas, theirs.sigmas, atol=1e-6, rtol=0)
+        assert torch.allclose(ours.timesteps, theirs.timesteps, atol=1e-3, rtol=0)
+    if config_name == "dev":  # shifted: not the unshifted linspace
+        assert (ours.sigmas[1:-1] - torch.from_numpy(np.linspace(1.0, 1 / 28, 28)[1:]).float()).min() > 1e-3
+
+
+@pytest.mark.parametrize("res", [32, 48])
+def test_deterministic_sampler_is_flux_pipelines_call(tiny, plain, cache, res):
+    """Our deterministic sampler (flow ODE) through the adapter = FluxPipeline.__call__ (its own schedule at this
+    resolution, encode, packing, guidance, decode), untrained tiny model."""
+    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
+    from ddpo_grpo.models import load_pipeline
+    from diffusers import FluxPipeline
+
+    pipe = tiny if res == RES else load_pipeline("flux-tiny", resolution=res)
+    assert pipe.sample_shape == (16, res // 4, res // 4)
+    x = torch.randn((2, *pipe.sample_shape), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = plain(prompt=PROMPTS[:2], latents=FluxPipeline._pack_latents(x, *x.shape), height=res, width=res,
+                     num_inference_steps=STEPS, guidance_scale=GUIDANCE, output_type="pt",
+                     max_sequence_length=16).images
+        got = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), pipe.encode(PROMPTS[:2]),
+                                    num_inference_steps=STEPS, latents=x.clone(), vae=pipe.vae,
+                                    deterministic=True).images
+    assert got.shape == want.shape == (2, 3, res, res)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+def test_lora_targets_resolution_and_folder_checks(tiny, tmp_path):
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+    from ddpo_grpo.trainer.build import check_resolution, make_trainable
+
+    pipe = load_pipeline("flux-tiny", resolution=RES)
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=True, lora_rank=2, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    wrapped = sorted(n[:-len(".lora_A")] for n, _ in inner_model(pipe.unet).named_modules() if n.endswith(".lora_A"))
+    # the double block: every target; the single block: its attention's to_q/k/v (no separate out / text stream)
+    want = sorted([f"transformer_blocks.0.{m}" for m in pipe.adapter.lora_target_modules]
+                  + [f"single_transformer_blocks.0.attn.{m}" for m in ("to_q", "to_k", "to_v")])
+    assert wrapped == want
+    trainable = [n for n, p in pipe.unet.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    # the adapter's configure: the run's embedded guidance onto the denoiser
+    pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=2.0))))
+    assert pipe.unet.guidance == 2.0
+    # resolution: multiples of VAE (4) x packing (2); 0 is the VAE config's sample_size
+    a, path = tiny.adapter, tiny.path
+    assert a.check_resolution(path, 0) == a.check_resolution(path, 48) == a.check_resolution(path, 64) == ""
+    assert "multiple of 8" in a.check_resolution(path, 20)
+    assert load_pipeline("flux-tiny").resolution == 32
+    check_resolution(ConfigDict(dict(pretrained=dict(model="flux-tiny", resolution=48))))
+    with pytest.raises(ConfigError, match="multiple of 8"):
+        check_resolution(ConfigDict(dict(pretrained=dict(model="flux-tiny", resolution=36))))
+    # a folder without a component: one line naming it
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    shutil.rmtree(broken / "text_encoder_2")
+    with pytest.raises(ConfigError, match="without text_encoder_2/"):
+        load_pipeline(str(broken))
+
+
+def test_flux_dev_random_build_has_flux_dev_shapes():
+    """The real-shape build for GPU benchmarks, on the meta device (no memory): FLUX.1-dev's published sizes."""
+    from ddpo_grpo.models.flux import FluxDenoiser, build_flux_dev_random
+
+    pipe = build_flux_dev_random(resolution=512, torch_dtype=torch.bfloat16, device="meta")
+    count = {k: sum(p.numel() for p in pipe.components[k].parameters())
+             for k in ("transformer", "text_encoder", "text_encoder_2", "vae")}
+    assert count == {"transformer": 11_901_408_320, "text_encoder": 123_060_480, "text_encoder_2": 4_762_310_656,
+                     "vae": 83_819_683}
+    assert all(p.device.type == "meta" and p.dtype == torch.bfloat16 and not p.requires_grad
+               for k in count for p in pipe.components[k].parameters())
+    assert isinstance(pipe.unet, FluxDenoiser) and pipe.unet.config.guidance_embeds and pipe.family == "flow"
+    assert pipe.sample_shape == (16, 64, 64)  # 512 px / 8
+    assert pipe.adapter.max_sequence_length(pipe) == 512
+    # 512 px = 1024 image tokens: mu = 0.5 + (1024 - 256) * 0.65 / 3840
+    assert pipe.scheduler.config.shift == pytest.approx(np.exp(0.5 + 768 * 0.65 / 3840))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cache):
+    """A 2-epoch flux_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
+    tmp = tmp_path_factory.mktemp("flux_runs")
+    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
+    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:flux_tiny",
+                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT, env=env)
+            for mode, extra in MODES.items()]
+    for job, res in zip(jobs, run_side_by_side(jobs)):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return tmp
+
+
+def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+    """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, no CFG,
+    the embedded guidance) by our sampler."""
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.build import make_trainable
+
+    pipe = load_pipeline("flux-tiny", resolution=RES)
+    pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=GUIDANCE))))
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    with torch.no_grad():
+        emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
+    traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb,
+                                 num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae, deterministic=True)
+    return traj.images
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(runs, mode, tmp_path, cache):
+    run = runs / mode
+    history = json.load(open(run / "summary.json"))["history"]
+    assert [h["epoch"] for h in history] == [0, 1]
+    for h in history:  # the live check: before the first update the re-scored log-probs are the sampled ones
+        assert 0.0 <= h["train"]["onpolicy_ratio_max_dev"] <= 1e-6
+        assert h["train"]["grad_norm"] > 0
+    ckpts = sorted((run / "checkpoints").glob("checkpoint_*"))
+    assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
+    lora = mode == "lora"
+    export_files = sorted(os.listdir(run / "export"))
+    if lora:  # diffusers' FLUX LoRA file: transformer.<module>.lora_A/B.weight
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+        keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
+        assert keys and all(k.startswith("transformer.") and ".lora_" in k and "base_layer" not in k for k in keys)
+        assert any(".attn.add_q_proj.lora_A." in k for k in keys) and any("single_transformer_blocks.0.attn.to_q.lora_B."
+                                                                          in k for k in keys)
+    else:  # a complete FluxPipeline folder, with the folder's own (dynamic-shift) scheduler
+        assert export_files == ["export.json", "model_index.json", "scheduler", "text_encoder", "text_encoder_2",
+                                "tokenizer", "tokenizer_2", "transformer", "vae"]
+        sched = json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))
+        assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["use_dynamic_shifting"]
+    x_T = torch.randn((len(PROMPTS), 16, 8, 8), generator=torch.Generator().manual_seed(7))
+    # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one fresh process
+    pairs = ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0]))
+    for export, ckpt in pairs:
+        info = json.load(open(export / "export.json"))
+        assert info["epoch"] == int(ckpt.name[-5:]) and info["guidance_scale"] == 1.0
+    data, out = tmp_path / "data.pt", tmp_path / "out.pt"
+    torch.save({"x_T": x_T, "prompts": PROMPTS, "res": RES, "guidance": GUIDANCE}, data)
+    p = subprocess.run([sys.executable, "-c", PLAIN, str(data), str(out), *(str(e) for e, _ in pairs)],
+                       cwd=str(tmp_path), env=cpu_env(DDPO_GRPO_TINY_CACHE=cache), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = torch.load(out)
+    assert got["loaded"] == [] and len(got["images"]) == 2  # plain diffusers: nothing of ddpo_grpo was imported
+    for images, (_, ckpt) in zip(got["images"], pairs):
+        assert images.shape == (3, 3, RES, RES)
+        assert (images - trained_policy_sample(str(ckpt), lora, x_T)).abs().max().item() <= 1e-5
+    # training moved the policy: the two checkpoints sample different images, so the comparison above could fail
+    base = trained_policy_sample(str(ckpts[0]), lora, x_T)
+    assert (trained_policy_sample(str(ckpts[-1]), lora, x_T) - base).abs().max().item() > 1e-4
