@@ -158,6 +158,36 @@ def test_denoiser_is_the_transformer_called_as_flux_pipeline_calls_it(tiny, plai
         assert torch.allclose(got, flux_call(schnell, x, t, seq, pooled, None), atol=1e-6)
 
 
+def test_speed_switches_apply_to_the_wrapper(tiny):
+    """apply_unet_options on the FLUX wrapper: "math" attention keeps FLUX's processors on plain-matmul attention
+    (the generic AttnProcessor cannot run FLUX's rotary joint attention), gradient checkpointing reaches the model;
+    same outputs, and a backward pass runs."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.models import apply_unet_options, load_pipeline
+
+    pipe = load_pipeline("flux-tiny", resolution=RES)
+    apply_unet_options(pipe.unet, ConfigDict(dict(unet_attention="math", compile_unet="", channels_last=False,
+                                                  gradient_checkpointing=True)))
+    model = pipe.unet.model
+    procs = [m.processor for m in model.modules() if hasattr(m, "processor")]
+    assert procs and all(isinstance(p, FluxAttnProcessor) for p in procs)
+    assert all(p._attention_backend == AttentionBackendName._NATIVE_MATH for p in procs)
+    assert model.gradient_checkpointing
+    x, t = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([900.0, 300.0])
+    cond = tiny.encode(PROMPTS[:2])
+    with torch.no_grad():
+        want = tiny.unet(x, t, encoder_hidden_states=cond).sample
+    model.train()
+    pipe.unet.requires_grad_(True)
+    got = pipe.unet(x, t, encoder_hidden_states=cond).sample
+    assert torch.allclose(got, want, atol=1e-5)
+    got.square().mean().backward()
+    assert model.proj_out.weight.grad.abs().sum() > 0 and model.transformer_blocks[0].attn.to_q.weight.grad is not None
+
+
 @pytest.mark.parametrize("config_name,res,vae_scale", [("tiny", 32, 4), ("tiny", 48, 4), ("dev", 512, 8),
                                                         ("dev", 1024, 8), ("schnell", 1024, 8)])
 def test_static_shift_schedule_is_flux_pipelines(plain, config_name, res, vae_scale):

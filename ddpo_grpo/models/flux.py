@@ -96,7 +96,15 @@ class FluxDenoiser(PackedDenoiser):
         return self.model.attn_processors
 
     def set_attn_processor(self, processor) -> None:
-        self.model.set_attn_processor(processor)
+        """unet_attention="math" passes diffusers' generic AttnProcessor, which FLUX's attention (rotary embeddings,
+        joint text/image streams) cannot run: the FLUX processors stay and compute attention with plain matmuls
+        (diffusers' "_native_math" attention backend) instead of the fused kernel."""
+        from diffusers.models.attention_processor import AttnProcessor
+
+        if type(processor) is AttnProcessor:
+            self.model.set_attention_backend("_native_math")
+        else:
+            self.model.set_attn_processor(processor)
 
     def enable_gradient_checkpointing(self, *args, **kwargs) -> None:
         self.model.enable_gradient_checkpointing(*args, **kwargs)
