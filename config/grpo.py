@@ -340,10 +340,12 @@ def sd3():
 def sdxl_tiny():
     """SDXL (StableDiffusionXLPipeline: two CLIP text encoders, pooled embeds + time ids as added_cond_kwargs, DDIM)
     on this CPU: the `sdxl-tiny` random build (32 x 32 px, built on first use), toy-world prompts, the JPEG
-    reward (a random model draws no toy-world shapes), guidance 5 with the zero empty-prompt negative."""
+    reward (a random model draws no toy-world shapes), guidance 5 with the zero empty-prompt negative, LoRA rank 4
+    (full fine-tuning: --config.use_lora=False, with a smaller --config.train.learning_rate, e.g. 1e-4)."""
     config = base.get_config()
     config.pretrained.model = "sdxl-tiny"
     config.mixed_precision = "no"
+    config.use_lora = True
     config.num_epochs = 4
     config.save_freq = 2
     config.eval_freq = 2
@@ -372,7 +374,9 @@ def sdxl():
     1024 px (the model's native size; --config.pretrained.resolution=512 etc. for any multiple of 32), DDIM with
     eta 1 over 30 steps (the folder's Euler config read as DDIM), guidance 6 with SDXL's zero empty-prompt negative,
     LoRA rank 32 on the attention projections, bf16, gradient checkpointing. FSDP2 (config/accelerate/fsdp2.yaml)
-    wraps ResnetBlock2D and BasicTransformerBlock, the UNet's block classes (models/sdxl.py fsdp_block_classes)."""
+    wraps ResnetBlock2D and BasicTransformerBlock, the UNet's block classes (models/sdxl.py fsdp_block_classes).
+    Prompts: --config.data.name=prompt_file --config.data.path=FILE; rewards: jpeg_compressibility as a placeholder,
+    give yours with --config.reward.fns."""
     config = base.get_config()
     config.pretrained.model = ""  # a local SDXL folder: --config.pretrained.model=PATH
     config.mixed_precision = "bf16"
