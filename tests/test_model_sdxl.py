@@ -18,7 +18,8 @@ STEPS = 4
 GUIDANCE = 5.0
 RUN = ["--config.sample.num_steps=4", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
        "--config.sample.k=4", "--config.train.batch_size=4", "--config.eval_freq=0", "--config.logging.wandb=False",
-       "--config.logging.tensorboard=False", "--config.logging.image_freq=0", f"--config.sample.guidance_scale={GUIDANCE}",
+       "--config.logging.tensorboard=False", "--config.logging.image_freq=0",
+       f"--config.sample.guidance_scale={GUIDANCE}",
        "--config.num_epochs=2", "--config.save_freq=1", "--config.num_checkpoint_limit=5",
        "--config.train.learning_rate=3e-3", "--config.lora_rank=4"]
 MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"]}

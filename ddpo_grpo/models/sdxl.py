@@ -5,7 +5,8 @@ two CLIP text encoders (CLIPTextModel + CLIPTextModelWithProjection) and an Auto
 The condition of a prompt is what the pipeline's own `encode_prompt` gives (both encoders' penultimate hidden
 states side by side, (B, 77, 768 + 1280)), plus the UNet's two extra inputs packed into one extra row
 (base.pack_condition): the second encoder's pooled projection (B, 1280) and the six `time_ids` (original size,
-crop top-left (0, 0), target size: the pipeline's `_get_add_time_ids` at the model's native resolution).
+crop top-left (0, 0), target size: the pipeline's `_get_add_time_ids` at the sampled size, pipe.resolution: the
+model's native one unless pretrained.resolution says otherwise).
 `SDXLDenoiser` unpacks them and calls the UNet with `added_cond_kwargs={"text_embeds", "time_ids"}`, so the
 trainer's `unet(x, t, encoder_hidden_states=cond)` and its [neg, cond] classifier-free-guidance rows work as for
 Stable Diffusion. The empty prompt (the CFG negative, `pipe.encode([""])`) is zeros for the sequence and the pooled
@@ -38,7 +39,8 @@ class SDXLDenoiser(PackedDenoiser):
     def __init__(self, model: torch.nn.Module):
         super().__init__(model)
         cfg = model.config
-        self.pooled_dim = int(cfg.projection_class_embeddings_input_dim) - NUM_TIME_IDS * int(cfg.addition_time_embed_dim)
+        time_dims = NUM_TIME_IDS * int(cfg.addition_time_embed_dim)
+        self.pooled_dim = int(cfg.projection_class_embeddings_input_dim) - time_dims  # text_encoder_2's projection
 
     def forward(self, sample, timestep, encoder_hidden_states=None, **kwargs) -> DenoiserOutput:
         seq, (pooled, time_ids) = unpack_condition(encoder_hidden_states, (self.pooled_dim, NUM_TIME_IDS))
@@ -263,7 +265,8 @@ def sdxl_unet_config(latent_size: int = SDXL_RESOLUTION // 8) -> dict:
         sample_size=latent_size, in_channels=4, out_channels=4, layers_per_block=2,
         block_out_channels=(320, 640, 1280), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D",
                                                                "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=(1, 2, 10),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        transformer_layers_per_block=(1, 2, 10),
         attention_head_dim=(5, 10, 20), cross_attention_dim=2048, norm_num_groups=32, norm_eps=1e-5,
         use_linear_projection=True, addition_embed_type="text_time", addition_embed_type_num_heads=64,
         addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816, flip_sin_to_cos=True, freq_shift=0,
