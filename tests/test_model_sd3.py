@@ -152,6 +152,68 @@ def test_lora_targets_the_joint_attention_and_resolution_check(tiny):
     assert load_pipeline("sd3-tiny", resolution=16).sample_shape == (16, 4, 4)  # 16 px / 4
 
 
+def test_sd3_config_validates_with_a_folder_and_says_what_is_wrong_in_one_line(tiny, tmp_path):
+    """config/grpo.py:sd3 (a user's folder) passes validation with an SD3 folder; without one, at a size the folder
+    cannot sample, or with a folder that lacks a component, it stops with one ConfigError line."""
+    import importlib.util
+    import shutil
+
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.build import validate_config
+
+    spec = importlib.util.spec_from_file_location("grpo_configs_sd3", os.path.join(ROOT, "config", "grpo.py"))
+    configs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(configs)
+    config = configs.get_config("sd3")
+    assert config.pretrained.resolution == 512 and config.use_lora and config.gradient_checkpointing
+    with pytest.raises(ConfigError, match=r"^pretrained.model: model path '' is not a folder"):
+        validate_config(config, 1)
+    config.pretrained.model = tiny.path
+    with pytest.raises(ConfigError, match=r"^pretrained.resolution: resolution 512 must be a multiple of 8 px .* up "
+                                          r"to 64 px"):
+        validate_config(config, 1)
+    config.pretrained.resolution = 32
+    assert validate_config(config, 1) == "flow"
+    # a folder without T5: refused when loaded (before any training), naming what is missing
+    broken = tmp_path / "no_t5"
+    shutil.copytree(tiny.path, broken)
+    shutil.rmtree(broken / "text_encoder_3")
+    with pytest.raises(ConfigError, match="without text_encoder_3/"):
+        load_pipeline(str(broken))
+
+
+def test_dynamic_shift_config_samples_the_stock_pipeline_schedule(tiny, tmp_path):
+    """A folder whose scheduler shifts dynamically (use_dynamic_shifting): our sampler's schedule is the one
+    StableDiffusion3Pipeline takes at the run's image size (its mu from the token count), not the static shift's."""
+    import shutil
+
+    from diffusers import StableDiffusion3Pipeline
+
+    from ddpo_grpo.core.families import get_family
+    from ddpo_grpo.models import load_pipeline
+
+    folder = tmp_path / "dynamic"
+    shutil.copytree(tiny.path, folder)
+    cfg_file = folder / "scheduler" / "scheduler_config.json"
+    cfg = json.load(open(cfg_file))
+    cfg.update(use_dynamic_shifting=True, base_image_seq_len=4, max_image_seq_len=64, base_shift=0.5, max_shift=1.5)
+    json.dump(cfg, open(cfg_file, "w"))
+    seen = []
+    plain = StableDiffusion3Pipeline.from_pretrained(str(folder))
+    plain("a red circle", num_inference_steps=STEPS, guidance_scale=1.0, output_type="latent", max_sequence_length=16,
+          callback_on_step_end=lambda p, i, t, kw: seen.append(float(t)) or {})
+    for resolution in (0, 16):  # 16 image tokens (native 32 px) and 4 (16 px): different shifts
+        pipe = load_pipeline(str(folder), resolution=resolution)
+        get_family("flow").set_timesteps(pipe.scheduler, STEPS)
+        if resolution == 0:
+            assert pipe.scheduler.timesteps.tolist() == pytest.approx(seen, abs=1e-4)
+        else:
+            assert pipe.scheduler.timesteps[1].item() < seen[1] - 1.0  # fewer tokens, less shift
+    get_family("flow").set_timesteps(tiny.scheduler, STEPS)  # the static shift 3.0 of the tiny build: another one
+    assert abs(tiny.scheduler.timesteps[1].item() - seen[1]) > 1.0
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache):
     """A 2-epoch sd3_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
@@ -250,11 +312,12 @@ def _finish(proc, tmp, name) -> str:
     return out
 
 
-# 3 epochs of 32 samples (8 conditions of a fixed set of 8, shared x_T), 4 optimizer steps each inside a 6-step warmup
+# 3 epochs of 32 samples (8 conditions x k=4 from a fixed set of 8, shared x_T), the kill inside the lr warmup
 RESUME = [f"--config.sample.num_steps={STEPS}", "--config.num_epochs=3", "--config.save_freq=1", "--config.eval_freq=0",
           "--config.sample.num_batches_per_epoch=4", "--config.train.lr_warmup_steps=6",
-          "--config.sample.shared_init_noise=True", "--config.data.num_conditions=8", "--config.logging.debug_dump=True",
-          "--config.logging.wandb=False", "--config.logging.tensorboard=False", "--config.logging.image_freq=0"]
+          "--config.sample.shared_init_noise=True", "--config.data.num_conditions=8",
+          "--config.logging.debug_dump=True", "--config.logging.wandb=False", "--config.logging.tensorboard=False",
+          "--config.logging.image_freq=0"]
 
 
 @pytest.mark.timeout(300)

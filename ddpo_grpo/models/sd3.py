@@ -54,9 +54,32 @@ class SD3Denoiser(PackedDenoiser):
         self.model.enable_gradient_checkpointing(*args, **kwargs)
 
 
-def _read_config(path: str, sub: str) -> dict:
-    with open(os.path.join(path, sub, "config.json")) as f:
+def _read_config(path: str, sub: str, name: str = "config.json") -> dict:
+    with open(os.path.join(path, sub, name)) as f:
         return json.load(f)
+
+
+def run_scheduler(scheduler, patches: int):
+    """The scheduler the run samples with: the folder's own, or, for a config with use_dynamic_shifting (none of
+    Stability's SD3 folders; they shift by a static 3.0), one whose set_timesteps(n) passes the mu that
+    StableDiffusion3Pipeline computes for `patches` x `patches` image tokens, so both take the same schedule."""
+    if not scheduler.config.get("use_dynamic_shifting", False):
+        return scheduler
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+
+    c = scheduler.config
+    mu = calculate_shift(patches * patches, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                         c.get("base_shift", 0.5), c.get("max_shift", 1.16))
+
+    class SD3DynamicShiftScheduler(FlowMatchEulerDiscreteScheduler):
+        def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
+            super().set_timesteps(num_inference_steps, device=device, sigmas=sigmas, timesteps=timesteps,
+                                  mu=self.run_mu if mu is None else mu)
+
+    out = SD3DynamicShiftScheduler.from_config(c)
+    out.run_mu = mu
+    return out
 
 
 def vae_scale_factor(vae_config) -> int:
@@ -87,6 +110,10 @@ class SD3Adapter(ModelAdapter):
         why = self.check_resolution(path, resolution)
         if why:
             raise ConfigError(f"pretrained.resolution: {why}")
+        sched_class = _read_config(path, "scheduler", "scheduler_config.json").get("_class_name")
+        if sched_class != "FlowMatchEulerDiscreteScheduler":
+            raise ConfigError(f"model {path!r}: a StableDiffusion3Pipeline samples with "
+                              f"FlowMatchEulerDiscreteScheduler, this folder's scheduler is {sched_class}")
         kw = dict(local_files_only=True)
         scheduler, family = load_scheduler(path)
         model = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=torch_dtype,
@@ -108,11 +135,15 @@ class SD3Adapter(ModelAdapter):
         return self.wrap(parts, family, path, resolution)
 
     def wrap(self, parts: dict, family: str, path: str, resolution: int = 0) -> LoadedPipeline:
-        """A LoadedPipeline over the components (frozen) by their pipeline names."""
+        """A LoadedPipeline over the components (frozen) by their pipeline names. `parts["scheduler"]` (the folder's,
+        kept for the export) samples as it is, or, where its config shifts dynamically, as run_scheduler."""
         freeze(*parts.values())
-        return LoadedPipeline(SD3Denoiser(parts["transformer"]), parts["text_encoder"], parts["tokenizer"],
+        pipe = LoadedPipeline(SD3Denoiser(parts["transformer"]), parts["text_encoder"], parts["tokenizer"],
                               parts["scheduler"], parts["vae"], family, path, adapter=self, components=parts,
                               resolution=int(resolution or 0))
+        patches = pipe.sample_shape[-1] // parts["transformer"].config.patch_size
+        pipe.scheduler = run_scheduler(parts["scheduler"], patches)
+        return pipe
 
     def check_resolution(self, path: str, resolution: int) -> str:
         """'' if the model at `path` can sample `resolution` px images (0: its native size), else why not: the VAE
