@@ -6,7 +6,8 @@ VAE AutoencoderKLWan (8x space, 4x time, per-channel latents_mean / latents_std)
   no PackedDenoiser is needed. Decoded samples are frames (B, F, 3, H, W) in [0, 1] (core.pipeline_with_logprob.decode
   undoes the per-channel normalisation as WanPipeline does).
 - condition: WanPipeline's own `encode_prompt` (UMT5 last hidden states, zeroed after each prompt's tokens,
-  (B, 226, D)); the negative prompt is "" as the stock pipeline's default.
+  (B, 512, D): WanPipeline.__call__'s max_sequence_length, which its cross-attention attends over, padding included);
+  the negative prompt is "" as the stock pipeline's default.
 - scheduler: the released folders hold a UniPCMultistepScheduler config with `flow_shift` (3.0 for 480p); it is
   loaded as a FlowMatchEulerDiscreteScheduler with shift = flow_shift (models.base.load_scheduler), the flow family
   (Flow-GRPO's SDE / CPS). Exports carry that scheduler, so WanPipeline.from_pretrained(export) samples with it.
@@ -32,7 +33,7 @@ from .base import LoadedPipeline, ModelAdapter, freeze, load_scheduler
 
 COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
-MAX_SEQUENCE_LENGTH = 226  # WanPipeline.encode_prompt's default
+MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default (encode_prompt's own is 226: not what the pipeline samples)
 
 
 @dataclass
@@ -147,7 +148,7 @@ class WanAdapter(ModelAdapter):
         return held
 
     def encode(self, pipe, prompts: Sequence[str]) -> torch.Tensor:
-        """WanPipeline.encode_prompt: UMT5's token embeddings (B, 226, D), zero after each prompt's tokens."""
+        """WanPipeline.encode_prompt: UMT5's token embeddings (B, 512, D), zero after each prompt's tokens."""
         device = next(pipe.text_encoder.parameters()).device
         embeds, _ = self.wan_pipeline(pipe).encode_prompt(list(prompts), do_classifier_free_guidance=False,
                                                           max_sequence_length=MAX_SEQUENCE_LENGTH, device=device)
@@ -258,7 +259,7 @@ def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtyp
     """Wan 2.1 T2V 1.3B's shapes with seeded random weights, as a LoadedPipeline (flow family, shift 3), for speed and
     memory benchmarks: the 1.4 B-parameter WanTransformer3DModel, UMT5-XXL's encoder (5.7 B) and the Wan VAE. Every
     module is created on `device` directly with `torch_dtype` as the default dtype, so no float32 or CPU copy is ever
-    made. The tokenizer is word-level over the toy-world words (the real 256384-row embedding; prompts padded to 226
+    made. The tokenizer is word-level over the toy-world words (the real 256384-row embedding; prompts padded to 512
     tokens as WanPipeline does). resolution 0 / num_frames 0: 480x832 px, 81 frames. What it draws is noise."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel

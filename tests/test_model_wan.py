@@ -1,0 +1,411 @@
+"""Wan 2.1 text-to-video (WanPipeline) end to end on the tiny random build `wan-tiny` (32x32 px, 5 frames): it loads in
+plain diffusers and through our adapter (the pipeline's own encode_prompt, the transformer called on 5-D latents, the
+released UniPC flow_shift config read as flow-matching Euler, decode as WanPipeline's); image rewards score every
+frame and are averaged per sample, clip rewards get the clips; grids show frame strips and wandb gets one video per
+sample; the trainer runs it with LoRA and with full fine-tuning, on-policy ratio exactly 1; the exports load in plain
+diffusers in a fresh process and WanPipeline's own sampling loop reproduces the trained policy's deterministic clip;
+a SIGKILL mid-epoch and resume gives bit-identical weights."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import cpu_env, run_side_by_side
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, GUIDANCE, SIZE, FRAMES = 4, 5.0, 32, 5
+LATENT = (16, 2, 4, 4)  # 16 channels, (5 - 1) / 4 + 1 latent frames, 32 / 8 px
+RUN = [f"--config.sample.num_steps={STEPS}", f"--config.sample.guidance_scale={GUIDANCE}", "--config.num_epochs=2",
+       "--config.save_freq=1", "--config.num_checkpoint_limit=5", "--config.logging.wandb=False",
+       "--config.logging.tensorboard=False", "--config.train.timestep_fraction=1.0", "--config.train.min_step_std=0.0",
+       "--config.train.learning_rate=3e-3"]
+# LoRA: with the eval (epoch 0 and the final policy) and a grid per epoch; full: neither.
+MODES = {"lora": ["--config.use_lora=True", "--config.eval_freq=2", "--config.logging.image_freq=1"],
+         "full": ["--config.use_lora=False", "--config.eval_freq=0", "--config.logging.image_freq=0"]}
+PROMPTS = ["a red circle on the left", "a blue square in the center", "a green triangle on the right"]
+
+# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded, and the stock pipeline's
+# __call__ samples (Euler ODE, CFG with the empty negative prompt, VAE decode with the per-channel statistics). A LoRA
+# applies to the base folder, whose scheduler is Wan's released UniPC config: the run sampled it as flow-matching
+# Euler at its flow_shift, which is what a user sets to get the trained policy's clips.
+PLAIN = r'''
+import json, sys, torch
+from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+data_path, out_path, *exports = sys.argv[1:]
+data, videos = torch.load(data_path), []
+for export in exports:
+    info = json.load(open(f"{export}/export.json"))
+    if info["lora"]:
+        pipe = WanPipeline.from_pretrained(info["base_model_path"])
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config,
+                                                                     shift=pipe.scheduler.config.flow_shift)
+        pipe.load_lora_weights(export)
+    else:
+        pipe = WanPipeline.from_pretrained(export)
+    with torch.no_grad():
+        videos.append(pipe(prompt=data["prompts"], negative_prompt="", latents=data["x_T"], height=data["size"],
+                           width=data["size"], num_frames=data["frames"], guidance_scale=info["guidance_scale"],
+                           num_inference_steps=info["num_inference_steps"], output_type="pt").frames)
+torch.save({"videos": videos, "scheduler": type(pipe.scheduler).__name__,
+            "loaded": sorted(m for m in sys.modules if m.startswith("ddpo"))}, out_path)
+'''
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh tiny-build cache for this module (the build itself is part of what is tested), for this process
+    and the trainer subprocesses."""
+    import ddpo_grpo.models as models
+
+    folder = tmp_path_factory.mktemp("tiny_builds")
+    before = models.TINY_CACHE
+    models.TINY_CACHE = str(folder)
+    yield str(folder)
+    models.TINY_CACHE = before
+
+
+@pytest.fixture(scope="module")
+def tiny(cache):
+    from ddpo_grpo.models import load_pipeline
+
+    return load_pipeline("wan-tiny", resolution=SIZE, num_frames=FRAMES)
+
+
+# ------------------------------------------------------------------------------------ the build and the adapter
+def test_tiny_build_loads_in_plain_diffusers_and_through_the_adapter(tiny, cache):
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline, \
+        WanTransformer3DModel
+    from transformers import UMT5EncoderModel
+
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+    from ddpo_grpo.models.wan import WanAdapter
+
+    path = os.path.join(cache, "wan-tiny")
+    assert tiny.path == path and json.load(open(os.path.join(path, "model_index.json")))["_class_name"] == "WanPipeline"
+    plain = WanPipeline.from_pretrained(path)
+    assert isinstance(plain.transformer, WanTransformer3DModel) and isinstance(plain.vae, AutoencoderKLWan)
+    assert isinstance(plain.text_encoder, UMT5EncoderModel)
+    # the folder holds Wan's released scheduler kind; we sample it as flow-matching Euler with its flow_shift
+    assert isinstance(plain.scheduler, UniPCMultistepScheduler) and plain.scheduler.config.flow_shift == 3.0
+    assert isinstance(tiny.scheduler, FlowMatchEulerDiscreteScheduler) and tiny.scheduler.config.shift == 3.0
+    assert tiny.family == "flow" and isinstance(tiny.adapter, WanAdapter)
+    assert tiny.unet is tiny.components["transformer"]  # no wrapper: it takes the UNet call as it is
+    # every prompt word is one token (the tiny tokenizer covers the toy-world words), then </s>
+    ids = plain.tokenizer(PROMPTS[0]).input_ids
+    assert len(ids) == len(PROMPTS[0].split()) + 1 and plain.tokenizer.unk_token_id not in ids
+    spelled = plain.tokenizer.convert_ids_to_tokens(plain.tokenizer("a zebra").input_ids)  # others: letter by letter
+    assert spelled == ["\u2581a", "\u2581", "z", "e", "b", "r", "a", "</s>"]
+
+    assert tiny.sample_shape == LATENT
+    with torch.no_grad():
+        cond = tiny.encode(PROMPTS)
+        want, _ = plain.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=512)
+    assert cond.shape == (3, 512, 32) and torch.equal(cond, want)  # 512: what WanPipeline.__call__ pads to
+    assert (cond[:, 7:] == 0).all() and (cond[0] - cond[1]).abs().max() > 1e-3  # zero after the 7 tokens
+    # the UNet-style call on 5-D latents is the transformer's own call
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(3, *LATENT, generator=g), torch.tensor([900.0, 500.0, 100.0])
+    with torch.no_grad():
+        got = tiny.unet(x, t, encoder_hidden_states=cond).sample
+        ref = plain.transformer(hidden_states=x, timestep=t, encoder_hidden_states=want, return_dict=False)[0]
+    assert got.shape == x.shape and torch.equal(got, ref)
+    # decode: frames (B, F, 3, H, W) in [0, 1], as WanPipeline: latents * std + mean, VAE, postprocess_video
+    with torch.no_grad():
+        frames = decode(tiny.vae, x)
+        mean = torch.tensor(plain.vae.config.latents_mean).view(1, 16, 1, 1, 1)
+        std = torch.tensor(plain.vae.config.latents_std).view(1, 16, 1, 1, 1)
+        video = plain.vae.decode(x / (1.0 / std) + mean, return_dict=False)[0]  # WanPipeline.__call__'s arithmetic
+        stock = plain.video_processor.postprocess_video(video, output_type="pt")
+    assert frames.shape == (3, FRAMES, 3, SIZE, SIZE) and stock.shape == frames.shape
+    assert (frames - stock).abs().max().item() <= 1e-6 and frames.std() > 0.01
+
+
+def test_sizes_lora_targets_and_refusals(tiny, cache):
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+    from ddpo_grpo.trainer.build import make_trainable
+
+    path = tiny.path
+    # WanPipeline's defaults without a size (480x832 px, 81 frames), other sizes on request
+    native = load_pipeline("wan-tiny")
+    assert (native.height, native.width, native.num_frames) == (480, 832, 81)
+    assert native.sample_shape == (16, 21, 60, 104)
+    assert load_pipeline("wan-tiny", resolution=64, num_frames=9).sample_shape == (16, 3, 8, 8)
+    native.adapter.configure(native, ConfigDict(dict(pretrained=dict(num_frames=13))))
+    assert native.sample_shape == (16, 4, 60, 104)
+    assert tiny.adapter.check_resolution(path, 48) == "" and "multiple of 16" in tiny.adapter.check_resolution(path, 40)
+    with pytest.raises(ConfigError, match="1 \\+ 4k"):
+        load_pipeline("wan-tiny", resolution=SIZE, num_frames=6)
+    with pytest.raises(ConfigError, match="1 \\+ 4k"):
+        native.adapter.configure(native, ConfigDict(dict(pretrained=dict(num_frames=8))))
+    with pytest.raises(ConfigError, match="video models"):
+        load_pipeline("tiny-t2i", num_frames=5)
+
+    pipe = load_pipeline("wan-tiny", resolution=SIZE, num_frames=FRAMES)
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=True, lora_rank=2, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    wrapped = sorted(n[:-len(".lora_A")] for n, _ in inner_model(pipe.unet).named_modules() if n.endswith(".lora_A"))
+    want = sorted([f"blocks.{b}.{a}.{m}" for b in (0, 1) for a in ("attn1", "attn2")
+                   for m in ("to_q", "to_k", "to_v", "to_out.0")]
+                  + [f"blocks.{b}.ffn.net.{m}" for b in (0, 1) for m in ("0.proj", "2")])
+    assert wrapped == want
+    trainable = [n for n, p in pipe.unet.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+# --------------------------------------------------------------------------------------------- rewards on frames
+@pytest.fixture
+def frame_rewards():
+    """Two test rewards: an image reward (each image's mean pixel, and its max as a detail) that records what it was
+    called with, and a clip reward (mean absolute change between consecutive frames)."""
+    from ddpo_grpo.rewards import clip_reward, register_reward, unregister_reward
+
+    calls = []
+
+    @register_reward("t_frame_mean")
+    def make_mean():
+        def fn(images, prompts, metadata):
+            calls.append((tuple(images.shape), list(prompts), [m["i"] for m in metadata]))
+            flat = images.reshape(len(images), -1)
+            return flat.mean(1), {"max": flat.max(1).values}
+        return fn
+
+    @register_reward("t_clip_motion")
+    @clip_reward
+    def make_motion():
+        def fn(videos, prompts, metadata):
+            assert videos.ndim == 5
+            return (videos[:, 1:] - videos[:, :-1]).abs().flatten(1).mean(1)
+        return fn
+
+    yield calls
+    unregister_reward("t_frame_mean")
+    unregister_reward("t_clip_motion")
+
+
+def test_image_rewards_score_every_frame_and_average_clip_rewards_get_the_clip(frame_rewards):
+    from ddpo_grpo.rewards import RewardComputer
+
+    # 2 clips of 4 frames, each frame one grey level: clip 0 brightens 0.1, 0.2, 0.3, 0.6; clip 1 stays at 0.5
+    levels = torch.tensor([[0.1, 0.2, 0.3, 0.6], [0.5, 0.5, 0.5, 0.5]])
+    video = levels.view(2, 4, 1, 1, 1).expand(2, 4, 3, 2, 2).clone()
+    video[1, 2, 0, 0, 0] = 0.9  # one bright pixel in one frame of clip 1: its mean moves by 0.4 / 12
+    rc = RewardComputer({"t_frame_mean": 1.0, "t_clip_motion": 2.0})
+    res = rc(video, ["p0", "p1"], [{"i": 0}, {"i": 1}])
+    # the image reward saw the 8 frames, each clip's prompt and metadata repeated for its frames in order
+    assert frame_rewards == [((8, 3, 2, 2), ["p0"] * 4 + ["p1"] * 4, [0, 0, 0, 0, 1, 1, 1, 1])]
+    # by hand: per-frame means averaged per clip; the detail (max) likewise; motion = mean |frame change|
+    mean0, mean1 = (0.1 + 0.2 + 0.3 + 0.6) / 4, 0.5 + (0.4 / 12) / 4
+    np.testing.assert_allclose(res.final_per_fn["t_frame_mean"], [mean0, mean1], rtol=1e-6)
+    np.testing.assert_allclose(res.details["t_frame_mean/max"], [mean0, 0.5 + 0.4 / 4], rtol=1e-6)
+    motion0 = (0.1 + 0.1 + 0.3) / 3
+    motion1 = 2 * (0.4 / 12) / 3  # the bright pixel appears and disappears: 2 of 3 changes, 1 of 12 values each
+    np.testing.assert_allclose(res.final_per_fn["t_clip_motion"], [motion0, motion1], rtol=1e-5)
+    np.testing.assert_allclose(res.final, [mean0 + 2 * motion0, mean1 + 2 * motion1], rtol=1e-5)
+    # a non-finite frame makes its clip invalid, the other one is kept
+    video[0, 3, 0, 0, 0] = float("nan")
+    res = RewardComputer({"t_frame_mean": 1.0})(video, ["p0", "p1"], [{"i": 0}, {"i": 1}])
+    assert res.valid.tolist() == [False, True] and np.isnan(res.final[0])
+    np.testing.assert_allclose(res.final[1], mean1, rtol=1e-6)
+    # per-step rewards on predicted clean clips (B, T, F, C, H, W): each column scored like the final clips
+    x0 = torch.stack([video.nan_to_num(0.0) * 0.5, video.nan_to_num(0.0)], dim=1)
+    res = RewardComputer({"t_frame_mean": 1.0})(video.nan_to_num(0.0), ["p0", "p1"], [{"i": 0}, {"i": 1}],
+                                                 x0_images=x0, per_step="x0")
+    assert res.avg.shape == (2, 2)
+    np.testing.assert_allclose(res.avg[:, 0] * 2, res.avg[:, 1], rtol=1e-6)
+    np.testing.assert_allclose(res.avg[1, 1], mean1, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ grids and wandb videos
+def test_grid_shows_frame_strips_and_wandb_gets_a_video_per_sample():
+    from PIL import Image
+
+    from ddpo_grpo.trainer.reporting import CELL, labelled_grid, log_images
+
+    # clip i, frame f: a flat grey level (40 (i + 1) + 30 f) / 255, so every strip cell says which frame it shows
+    B, F = 2, 5
+    grey = torch.tensor([[40 * (i + 1) + 30 * f for f in range(F)] for i in range(B)])
+    level = grey.float() / 255
+    video = level.view(B, F, 1, 1, 1).expand(B, F, 3, 8, 8).clone()
+    grid = labelled_grid(video, ["clip one | r=0.10", "clip two | r=0.20"])
+    assert grid.size == (F * CELL, B * (CELL + 44))  # one strip per row, all frames in time order
+    arr = np.asarray(grid)
+    for i in range(B):
+        for f in range(F):
+            pixel = arr[i * (CELL + 44) + CELL // 2, f * CELL + CELL // 2]
+            assert (pixel == int(grey[i, f])).all(), (i, f)
+    # still images keep the square cells
+    assert labelled_grid(torch.rand(3, 3, 8, 8), ["a", "b", "c"]).size == (3 * CELL, CELL + 44)
+
+    logged = []
+
+    class Tracker:
+        name = "wandb"
+
+        def log(self, values, step):
+            for key, value in values.items():  # read each video while its file exists (wandb copies it on log)
+                items = value if isinstance(value, list) else [value]
+                logged.append((key, step, [(type(v).__name__, getattr(v, "_caption", None),
+                                            Image.open(v._path).n_frames if type(v).__name__ == "Video" else None)
+                                           for v in items]))
+
+    class Acc:
+        trackers = [Tracker()]
+
+    log_images(Acc(), "train_samples", grid, 3, video, ["clip one | r=0.10", "clip two | r=0.20"])
+    assert logged == [("train_samples_grid", 3, [("Image", "train_samples", None)]),
+                      ("train_samples", 3, [("Video", "clip one | r=0.10", F), ("Video", "clip two | r=0.20", F)])]
+
+
+# ------------------------------------------------------------------------------------------------ trainer runs
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cache):
+    """A 2-epoch wan_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
+    tmp = tmp_path_factory.mktemp("wan_runs")
+    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
+    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:wan_tiny",
+                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT, env=env)
+            for mode, extra in MODES.items()]
+    for job, res in zip(jobs, run_side_by_side(jobs)):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return tmp
+
+
+def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+    """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, CFG
+    with the empty prompt's condition as the trainer does) by our sampler: frames (B, F, 3, H, W)."""
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.build import make_trainable
+
+    pipe = load_pipeline("wan-tiny", resolution=SIZE, num_frames=FRAMES)
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    with torch.no_grad():
+        emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
+        neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)
+    traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow", guidance_scale=GUIDANCE),
+                                 emb, neg, num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae,
+                                 deterministic=True)
+    return traj.images
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(runs, mode, tmp_path, cache):
+    run = runs / mode
+    summary = json.load(open(run / "summary.json"))
+    history = summary["history"]
+    assert [h["epoch"] for h in history] == [0, 1]
+    for h in history:  # the live check: before the first update the re-scored log-probs are exactly the sampled ones
+        assert h["train"]["onpolicy_ratio_max_dev"] == 0.0
+        assert h["train"]["grad_norm"] > 0 and np.isfinite(h["reward_mean"]) and h["reward_mean"] < 0  # -JPEG kB
+    lora = mode == "lora"
+    if lora:  # eval on frames (epoch 0 and the final policy), and a frame-strip grid per epoch
+        assert np.isfinite(history[0]["eval_reward_mean"]) and summary["final_eval"]["eval/num_samples"] == 8.0
+        images = sorted(os.listdir(run / "images"))
+        assert images == ["eval_epoch_0000.png", "eval_epoch_0002.png", "train_epoch_0000.png",
+                          "train_epoch_0001.png"]
+        from PIL import Image
+
+        from ddpo_grpo.trainer.reporting import CELL
+        assert Image.open(run / "images" / "train_epoch_0001.png").size == (FRAMES * CELL, 4 * (CELL + 44))
+    ckpts = sorted((run / "checkpoints").glob("checkpoint_*"))
+    assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
+    export_files = sorted(os.listdir(run / "export"))
+    if lora:  # diffusers' Wan LoRA file: transformer.<module>.lora_A/B.weight
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+        keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
+        assert keys and all(k.startswith("transformer.") and ".lora_" in k and "base_layer" not in k for k in keys)
+        assert any(".attn2.to_k.lora_A." in k for k in keys) and any(".ffn.net.2.lora_B." in k for k in keys)
+    else:  # a complete WanPipeline folder
+        assert export_files == ["export.json", "model_index.json", "scheduler", "text_encoder", "tokenizer",
+                                "transformer", "vae"]
+        sched = json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))
+        assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["shift"] == 3.0
+    x_T = torch.randn((len(PROMPTS), *LATENT), generator=torch.Generator().manual_seed(7))
+    # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one plain process that runs while
+    # this one samples the policy
+    pairs = ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0]))
+    for export, ckpt in pairs:
+        info = json.load(open(export / "export.json"))
+        assert info["epoch"] == int(ckpt.name[-5:]) and info["guidance_scale"] == GUIDANCE
+    data, out = tmp_path / "data.pt", tmp_path / "out.pt"
+    torch.save({"x_T": x_T, "prompts": PROMPTS, "size": SIZE, "frames": FRAMES}, data)
+    with open(tmp_path / "plain.log", "w") as log:  # a file: a pipe nobody reads while the child runs would fill
+        p = subprocess.Popen([sys.executable, "-c", PLAIN, str(data), str(out), *(str(e) for e, _ in pairs)],
+                             cwd=str(tmp_path), env=cpu_env(), stdout=log, stderr=subprocess.STDOUT)
+        wants = [trained_policy_sample(str(ckpt), lora, x_T) for _, ckpt in pairs]
+        p.wait(timeout=180)
+    assert p.returncode == 0, (tmp_path / "plain.log").read_text()[-3000:]
+    got = torch.load(out)
+    assert got["loaded"] == [] and got["scheduler"] == "FlowMatchEulerDiscreteScheduler"  # nothing of ddpo_grpo
+    for videos, want in zip(got["videos"], wants):
+        assert videos.shape == (3, FRAMES, 3, SIZE, SIZE) == want.shape
+        assert (videos - want).abs().max().item() <= 1e-5
+    # training moved the policy: the two checkpoints sample different clips, so the comparison above could fail
+    assert (wants[0] - wants[1]).abs().max().item() > 1e-4
+
+
+# ----------------------------------------------------------------------------------------------- exact resume
+@pytest.mark.timeout(400)
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path, cache):
+    """Video shapes through the checkpoint: a run killed in epoch 1 and resumed ends with the weights (and per-epoch
+    rewards) of the uninterrupted run, bit for bit; the lr warmup and the shared initial noise must come back too."""
+    def start(name, extra=()):
+        cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:wan_tiny", "--config.num_epochs=3",
+               f"--config.logdir={tmp_path}", f"--config.run_name={name}", *RUN, "--config.eval_freq=0",
+               "--config.logging.image_freq=0", "--config.logging.debug_dump=True", "--config.use_lora=False",
+               "--config.train.lr_warmup_steps=3", "--config.sample.shared_init_noise=True", *extra]
+        with open(tmp_path / f"{name}.out", "w") as out:
+            return subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(DDPO_GRPO_TINY_CACHE=cache), stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def finish(proc, name):
+        proc.wait(timeout=300)
+        out = (tmp_path / f"{name}.out").read_text()
+        assert proc.returncode == 0, out[-4000:]
+        return out
+
+    straight, proc = start("straight"), start("killed")
+    first = tmp_path / "killed" / "checkpoints" / "checkpoint_00001"
+    deadline = time.time() + 300
+    while not first.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)  # into epoch 1
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first.exists() and not (tmp_path / "killed" / "checkpoints" / "checkpoint_00003").exists()
+    finish(straight, "straight")
+    out = finish(start("killed", [f"--config.resume_from={tmp_path / 'killed'}"]), "killed")
+    assert "resumed from" in out and "at epoch 1" in out
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "checkpoint_00003" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "checkpoints" / "checkpoint_00003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start_weights = load_pipeline_state()
+    assert any(not torch.equal(a[k], start_weights[k]) for k in a)  # training moved the weights
+    for epoch in range(3):
+        s = json.load(open(tmp_path / "straight" / "debug" / f"epoch_{epoch:04d}_rank_0.json"))
+        k = json.load(open(tmp_path / "killed" / "debug" / f"epoch_{epoch:04d}_rank_0.json"))
+        assert s["rewards"] == k["rewards"] and s["weights_sum"] == k["weights_sum"], epoch
+
+
+def load_pipeline_state():
+    from ddpo_grpo.models import load_pipeline
+
+    return load_pipeline("wan-tiny", resolution=SIZE, num_frames=FRAMES).unet.state_dict()
