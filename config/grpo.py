@@ -302,10 +302,14 @@ def sd3_tiny():
 
 
 def sd3():
-    """Stable Diffusion 3 / 3.5 (a StableDiffusion3Pipeline folder, e.g. stable-diffusion-3.5-medium, given with
-    --config.pretrained.model=PATH) at Flow-GRPO's SD3.5 settings: 512 px, 10 SDE steps (noise level 0.7), CFG 4.5,
-    LoRA rank 32 on the joint blocks' attention, KL 0.04 to the start model, bf16 and gradient checkpointing.
-    Rewards: jpeg_compressibility as a placeholder; give yours with --config.reward.fns."""
+    """Stable Diffusion 3 / 3.5 for a user's StableDiffusion3Pipeline folder (e.g. stable-diffusion-3.5-medium saved
+    with save_pretrained):
+        accelerate launch scripts/train.py --config config/grpo.py:sd3 --config.pretrained.model=/path/to/sd3.5
+    Flow-GRPO's SD3.5 settings: 512 px (--config.pretrained.resolution=1024 for the native size; any multiple of
+    16), 10 SDE steps at noise level 0.7, CFG 4.5 with the empty prompt's condition, LoRA rank 32 on the joint
+    blocks' attention projections, KL 0.04 to the start model, bf16, gradient checkpointing. FSDP2
+    (config/accelerate/fsdp2.yaml) wraps JointTransformerBlock (models/sd3.py fsdp_block_classes). Rewards:
+    jpeg_compressibility as a placeholder; give yours with --config.reward.fns."""
     config = base.get_config()
     config.pretrained.model = ""  # a local SD3 / 3.5 folder: --config.pretrained.model=PATH
     config.pretrained.resolution = 512  # SD3's transformer samples any multiple of 16 px; 1024 is its native size
@@ -318,6 +322,7 @@ def sd3():
     config.eval_freq = 10
     config.eval.num_samples = 64
     config.eval.batch_size = 8
+    config.eval.pass_at_k = 0  # no "fully right" for the JPEG reward
     config.sample.num_steps = 10
     config.sample.noise_level = 0.7
     config.sample.sde_type = "sde"

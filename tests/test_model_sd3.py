@@ -214,6 +214,30 @@ def test_dynamic_shift_config_samples_the_stock_pipeline_schedule(tiny, tmp_path
     assert abs(tiny.scheduler.timesteps[1].item() - seen[1]) > 1.0
 
 
+def test_sd35_medium_random_build_has_the_real_shapes_on_the_meta_device():
+    """The GPU benchmark's SD3.5-Medium build, made on the meta device (no memory): each component's parameter count
+    is the released model's, in bf16, and the condition / latent / denoiser shapes are SD3.5's at 512 px."""
+    from ddpo_grpo.models.sd3 import build_sd35_medium_random
+
+    pipe = build_sd35_medium_random(resolution=512, device="meta")
+    counts = {k: sum(p.numel() for p in m.parameters()) for k, m in pipe.components.items()
+              if isinstance(m, torch.nn.Module)}
+    # millions of parameters: MMDiT 2.24 B (+ the 226 M-entry position-embedding buffer = SD3.5-Medium's 2.5 B),
+    # CLIP-L 124 M, CLIP-G 695 M, T5-XXL encoder 4.76 B, VAE 84 M
+    assert {k: round(v / 1e6) for k, v in counts.items()} == {
+        "transformer": 2243, "vae": 84, "text_encoder": 124, "text_encoder_2": 695, "text_encoder_3": 4762}
+    assert pipe.components["transformer"].pos_embed.pos_embed.numel() == 384 * 384 * 1536
+    assert all(p.dtype == torch.bfloat16 and p.is_meta for m in pipe.components.values()
+               if isinstance(m, torch.nn.Module) for p in m.parameters())
+    assert torch.get_default_dtype() == torch.float32  # restored
+    assert pipe.sample_shape == (16, 64, 64) and pipe.family == "flow"
+    with torch.no_grad():
+        cond = pipe.encode(["a red circle on the left"])
+        x = torch.zeros(2, *pipe.sample_shape, device="meta", dtype=torch.bfloat16)
+        out = pipe.unet(x, torch.full((2,), 500.0, device="meta"), encoder_hidden_states=cond.expand(2, -1, -1))
+    assert cond.shape == (1, 77 + 256 + 1, 4096) and out.sample.shape == x.shape
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache):
     """A 2-epoch sd3_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
