@@ -152,6 +152,29 @@ def test_lora_targets_the_joint_attention_and_resolution_check(tiny):
     assert load_pipeline("sd3-tiny", resolution=16).sample_shape == (16, 4, 4)  # 16 px / 4
 
 
+def test_speed_switches_reach_the_transformer(tiny):
+    """apply_unet_options on the wrapper: unet_attention="math" keeps SD3's joint attention (same output as SDPA's,
+    the math backend), gradient_checkpointing turns on in the transformer."""
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.models import apply_unet_options, load_pipeline
+
+    pipe = load_pipeline("sd3-tiny")
+    g = torch.Generator().manual_seed(1)
+    x, t = torch.randn(2, 16, 8, 8, generator=g), torch.tensor([700.0, 300.0])
+    with torch.no_grad():
+        cond = pipe.encode(PROMPTS[:2])
+        before = pipe.unet(x, t, encoder_hidden_states=cond).sample
+    apply_unet_options(pipe.unet, ConfigDict(dict(unet_attention="math", channels_last=False, compile_unet="",
+                                                  gradient_checkpointing=True)))
+    model = pipe.unet.model
+    assert model.gradient_checkpointing
+    assert {type(p).__name__ for p in model.attn_processors.values()} == {"JointAttnProcessorMath"}
+    with torch.no_grad():
+        after = pipe.unet(x, t, encoder_hidden_states=cond).sample
+    assert torch.allclose(before, after, atol=1e-5) and before.abs().max() > 0
+
+
 def test_sd3_config_validates_with_a_folder_and_says_what_is_wrong_in_one_line(tiny, tmp_path):
     """config/grpo.py:sd3 (a user's folder) passes validation with an SD3 folder; without one, at a size the folder
     cannot sample, or with a folder that lacks a component, it stops with one ConfigError line."""

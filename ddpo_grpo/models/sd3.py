@@ -48,10 +48,28 @@ class SD3Denoiser(PackedDenoiser):
         return self.model.attn_processors
 
     def set_attn_processor(self, processor) -> None:
-        self.model.set_attn_processor(processor)
+        """unet_attention="math" passes diffusers' generic AttnProcessor, which SD3's joint attention (text and image
+        streams in one attention) cannot run: the joint processors stay, with torch's math SDPA backend (plain
+        matmuls) instead of the fused kernels."""
+        from diffusers.models.attention_processor import AttnProcessor
+
+        self.model.set_attn_processor(math_joint_processor() if type(processor) is AttnProcessor else processor)
 
     def enable_gradient_checkpointing(self, *args, **kwargs) -> None:
         self.model.enable_gradient_checkpointing(*args, **kwargs)
+
+
+def math_joint_processor():
+    """diffusers' JointAttnProcessor2_0 computing its scaled_dot_product_attention with torch's MATH backend."""
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    class JointAttnProcessorMath(JointAttnProcessor2_0):
+        def __call__(self, *args, **kwargs):
+            with sdpa_kernel(SDPBackend.MATH):
+                return super().__call__(*args, **kwargs)
+
+    return JointAttnProcessorMath()
 
 
 def _read_config(path: str, sub: str, name: str = "config.json") -> dict:
