@@ -368,8 +368,8 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path, cache):
     """Video shapes through the checkpoint: a run killed in epoch 1 and resumed ends with the weights (and per-epoch
     rewards) of the uninterrupted run, bit for bit; the lr warmup and the shared initial noise must come back too."""
     def start(name, extra=()):
-        cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:wan_tiny", "--config.num_epochs=3",
-               f"--config.logdir={tmp_path}", f"--config.run_name={name}", *RUN, "--config.eval_freq=0",
+        cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:wan_tiny", f"--config.logdir={tmp_path}",
+               f"--config.run_name={name}", *RUN, "--config.num_epochs=3", "--config.eval_freq=0",
                "--config.logging.image_freq=0", "--config.logging.debug_dump=True", "--config.use_lora=False",
                "--config.train.lr_warmup_steps=3", "--config.sample.shared_init_noise=True", *extra]
         with open(tmp_path / f"{name}.out", "w") as out:
@@ -385,9 +385,10 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path, cache):
     straight, proc = start("straight"), start("killed")
     first = tmp_path / "killed" / "checkpoints" / "checkpoint_00001"
     deadline = time.time() + 300
-    while not first.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(0.5)  # into epoch 1
+    # an epoch takes about a second here: kill as soon as epoch 1 has begun sampling (its progress bar is out)
+    while not (first.exists() and "epoch 1: sampling" in (tmp_path / "killed.out").read_text()) \
+            and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert first.exists() and not (tmp_path / "killed" / "checkpoints" / "checkpoint_00003").exists()
