@@ -62,27 +62,43 @@ def resolve_model_path(path_or_name: str) -> str:
 
 
 def tiny_build(name: str) -> str:
-    """The folder of a TINY_BUILDS model, built on first use (written beside and renamed: never half a folder)."""
+    """The folder of a TINY_BUILDS model, built on first use (written beside and renamed: never half a folder) and
+    rebuilt when its builder's source changed (the source's hash is kept in the folder)."""
+    import hashlib
     import importlib
     import shutil
 
+    module, fn = TINY_BUILDS[name].split(":")
+    with open(importlib.import_module(module).__file__, "rb") as f:
+        stamp = hashlib.sha1(f.read()).hexdigest()
     path = os.path.join(TINY_CACHE, name)
-    done = lambda: os.path.isfile(os.path.join(path, "model_index.json"))  # noqa: E731
-    if not done():
-        module, fn = TINY_BUILDS[name].split(":")
+
+    def done(folder):
+        try:
+            with open(os.path.join(folder, BUILD_STAMP)) as fh:
+                return fh.read().strip() == stamp and os.path.isfile(os.path.join(folder, "model_index.json"))
+        except OSError:
+            return False
+
+    if not done(path):
         tmp = f"{path}.tmp-{os.getpid()}"  # several processes may build at once: each its own, the first rename wins
         shutil.rmtree(tmp, ignore_errors=True)
         getattr(importlib.import_module(module), fn)(tmp)
+        with open(os.path.join(tmp, BUILD_STAMP), "w") as fh:
+            fh.write(stamp)
         os.makedirs(TINY_CACHE, exist_ok=True)
-        if os.path.isdir(path) and not done():
-            shutil.rmtree(path, ignore_errors=True)  # an older, incomplete folder
+        if os.path.isdir(path) and not done(path):
+            shutil.rmtree(path, ignore_errors=True)  # an older build, or an incomplete folder
         try:
             os.replace(tmp, path)
         except OSError:
-            if not done():
+            if not done(path):
                 raise
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+BUILD_STAMP = "build_stamp.txt"  # in a tiny build's folder: the sha1 of the builder module it was made by
 
 
 def model_adapter(path_or_name: str):
