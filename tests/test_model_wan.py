@@ -163,6 +163,23 @@ def test_sizes_lora_targets_and_refusals(tiny, cache):
     assert trainable and all("lora_" in n for n in trainable)
 
 
+def test_real_shape_build_has_wan21_1_3b_sizes_on_the_meta_device():
+    """The GPU benchmark's build, made on the meta device (no memory): Wan 2.1 T2V 1.3B's 1.42 B-parameter
+    transformer, UMT5-XXL's 5.68 B encoder and the 127 M Wan VAE, in bf16; 480x832 px x 81 frames by default."""
+    from ddpo_grpo.models.wan import build_wan21_1_3b_random
+
+    pipe = build_wan21_1_3b_random(device="meta")
+    sizes = {k: sum(p.numel() for p in pipe.components[k].parameters()) for k in ("transformer", "text_encoder", "vae")}
+    assert round(sizes["transformer"] / 1e7) == 142 and round(sizes["text_encoder"] / 1e7) == 568
+    assert round(sizes["vae"] / 1e6) == 127
+    assert all(p.dtype == torch.bfloat16 and p.is_meta for p in pipe.unet.parameters())
+    assert pipe.family == "flow" and pipe.scheduler.config.shift == 3.0
+    assert pipe.sample_shape == (16, 21, 60, 104)
+    assert build_wan21_1_3b_random(resolution=256, num_frames=33, device="meta").sample_shape == (16, 9, 32, 32)
+    with pytest.raises(ValueError, match="1 \\+ 4k"):
+        build_wan21_1_3b_random(num_frames=32, device="meta")
+
+
 # --------------------------------------------------------------------------------------------- rewards on frames
 @pytest.fixture
 def frame_rewards():
