@@ -81,7 +81,8 @@ def evaluate_model(model: str, num_samples: int = 256, steps: int = DEFAULT_STEP
         neg = pipe.encode([""] * len(ps)) if guidance != 1.0 else None
         gens = [torch.Generator().manual_seed(seed * 100003 + lo + j) for j in range(len(ps))]
         traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, settings, emb, neg, num_inference_steps=steps,
-                                     sample_shape=pipe.sample_shape, generator=gens, deterministic=eta == 0)
+                                     sample_shape=pipe.sample_shape, generator=gens, vae=pipe.vae,
+                                     deterministic=eta == 0)
         images.append(traj.images)
         prompts += ps
     images = torch.cat(images)

@@ -341,6 +341,15 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
         assert (images - want).abs().max().item() <= 1e-5
     # training moved the policy: the two checkpoints sample different images, so the comparison above could fail
     assert (wants[0] - wants[1]).abs().max().item() > 1e-4
+    # eval_model.py takes the export as --model, and the checkpoint as --weights over the base: decoded 32 px images
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from eval_model import evaluate_model, resolve_model
+
+    kw = dict(num_samples=2, steps=STEPS, guidance=GUIDANCE, split="eval", objects="single")
+    model, weights, _ = resolve_model(str(run / "export"), "")
+    as_model = evaluate_model(model, weights=weights, **kw)[1]
+    over_base = evaluate_model("sd3-tiny", weights=str(ckpts[-1]), **kw)[1]
+    assert as_model.shape == (2, 3, 32, 32) and torch.allclose(as_model, over_base, atol=1e-6)
 
 
 def _start(tmp, name, cache, extra=()):
