@@ -38,6 +38,7 @@ def run(config):
     from ddpo_grpo.trainer import devices
     from ddpo_grpo.trainer.advantages import compute_advantages
     from ddpo_grpo.trainer.build import build_context, validate_config
+    from ddpo_grpo.trainer.scale import use_architecture_blocks
     from ddpo_grpo.trainer.checkpointing import (check_resume, export_run, load_checkpoint, run_folder_of,
                                                  save_checkpoint, wandb_run_id)
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
@@ -50,6 +51,7 @@ def run(config):
     devices.check_launch(config, device)  # lone process of an N-process launch, mesh size; CPU runs fp32 unless bf16
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     family = validate_config(config, num_processes)  # one clear line before any heavy work
+    use_architecture_blocks(config)  # FSDP2 wraps the model's own blocks (its adapter's), whatever the YAML lists
     # A resumed run continues in its checkpoint's run folder (checkpoints, history, wandb run, TensorBoard curve) unless
     # run_name names another; a missing or damaged checkpoint is one line here, before any tracker or model starts.
     ckpt = check_resume(config, family) if config.resume_from else ""

@@ -182,3 +182,22 @@ def test_deepspeed_on_cpu_processes_is_one_line():
         devices.check_launch(_cfg(), "cpu", env)
     devices.check_launch(_cfg(), "cuda", env)
     devices.check_launch(_cfg(dry_run=True), "cpu", env)  # the DeepSpeed start-up guards stay checkable on CPU
+
+
+def test_fsdp2_wraps_the_architectures_own_blocks(monkeypatch):
+    """An FSDP2 launch wraps the adapter's block classes (the YAML lists an SD UNet's): SD3's JointTransformerBlock,
+    the SD UNet's own; other engines leave the environment alone."""
+    import types
+
+    from ddpo_grpo.trainer import scale
+
+    cfg = lambda model: types.SimpleNamespace(pretrained=types.SimpleNamespace(model=model))  # noqa: E731
+    env = {"FSDP_TRANSFORMER_CLS_TO_WRAP": "BasicTransformerBlock,ResnetBlock2D"}
+    monkeypatch.setattr(scale, "engine", lambda: "ddp")
+    scale.use_architecture_blocks(cfg("sd3-tiny"), env)
+    assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "BasicTransformerBlock,ResnetBlock2D"
+    monkeypatch.setattr(scale, "engine", lambda: "fsdp2")
+    scale.use_architecture_blocks(cfg("sd3-tiny"), env)
+    assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "JointTransformerBlock"
+    scale.use_architecture_blocks(cfg("tiny-t2i"), env)
+    assert set(env["FSDP_TRANSFORMER_CLS_TO_WRAP"].split(",")) == {"ResnetBlock2D", "BasicTransformerBlock"}

@@ -81,6 +81,17 @@ class PackedDenoiser(torch.nn.Module):
     def forward(self, sample, timestep, encoder_hidden_states=None, **kwargs) -> DenoiserOutput:
         raise NotImplementedError
 
+    # The diffusers model's switches, so that models.apply_unet_options works on the wrapper as on a UNet.
+    @property
+    def attn_processors(self):
+        return self.model.attn_processors
+
+    def set_attn_processor(self, processor) -> None:
+        self.model.set_attn_processor(processor)
+
+    def enable_gradient_checkpointing(self, *args, **kwargs) -> None:
+        self.model.enable_gradient_checkpointing(*args, **kwargs)
+
 
 def inner_model(denoiser: torch.nn.Module) -> torch.nn.Module:
     """The diffusers model of a denoiser (itself, or a PackedDenoiser's model)."""
@@ -132,6 +143,8 @@ class ModelAdapter:
 
     name = ""
     pipeline_classes: Tuple[str, ...] = ()  # model_index.json `_class_name`s this adapter loads
+    pipeline_class = ""  # the diffusers pipeline class an export is written with ("": none describes the model)
+    components: Tuple[str, ...] = ()  # its component names, as in pipe.components
     denoiser_folder = "unet"  # the denoiser's subfolder, and its component name in the pipeline
     lora_prefix = "unet"  # key prefix of the denoiser's tensors in diffusers' LoRA files
     lora_target_modules: Tuple[str, ...] = ()
@@ -151,15 +164,24 @@ class ModelAdapter:
         guidance, pretrained.embedded_guidance). Default: none."""
 
     def stock_pipeline(self, pipe: LoadedPipeline, denoiser: torch.nn.Module):
-        """The diffusers pipeline object over these components with `denoiser` (the exported model), or None where
-        no stock pipeline class describes the model (then each component is saved in its own folder)."""
-        return None
+        """The diffusers pipeline object over the loaded components with `denoiser` (the exported model), or None
+        where no stock pipeline class describes the model (then each component is saved in its own folder)."""
+        if not self.pipeline_class:
+            return None
+        import diffusers
+
+        parts = {k: pipe.components[k] for k in self.components}
+        parts[self.denoiser_folder] = denoiser
+        return getattr(diffusers, self.pipeline_class)(**parts)
 
     def save_lora(self, out_dir: str, layers: Dict[str, torch.Tensor], metadata: dict) -> None:
-        """Write diffusers' LoRA file for the denoiser's adapter tensors (names without the adapter name)."""
-        from diffusers import StableDiffusionPipeline
+        """Write diffusers' LoRA file for the denoiser's adapter tensors (names without the adapter name), with the
+        pipeline class's own save_lora_weights (keys `unet.*` or `transformer.*`, the peft config in the metadata)."""
+        import diffusers
 
-        StableDiffusionPipeline.save_lora_weights(out_dir, unet_lora_layers=layers, unet_lora_adapter_metadata=metadata)
+        cls = getattr(diffusers, self.pipeline_class or "StableDiffusionPipeline")
+        cls.save_lora_weights(out_dir, **{f"{self.lora_prefix}_lora_layers": layers,
+                                          f"{self.lora_prefix}_lora_adapter_metadata": metadata})
 
 
 # ------------------------------------------------------------------------------------------------ the registry

@@ -90,11 +90,6 @@ class FluxDenoiser(PackedDenoiser):
                          img_ids=img_ids, return_dict=False)[0]
         return DenoiserOutput(unpack_latents(out, h, w))
 
-    # The diffusers model's switches, so that apply_unet_options works on the wrapper as on a UNet.
-    @property
-    def attn_processors(self):
-        return self.model.attn_processors
-
     def set_attn_processor(self, processor) -> None:
         """unet_attention="math" passes diffusers' generic AttnProcessor, which FLUX's attention (rotary embeddings,
         joint text/image streams) cannot run: the FLUX processors stay and compute attention with plain matmuls
@@ -105,9 +100,6 @@ class FluxDenoiser(PackedDenoiser):
             self.model.set_attention_backend("_native_math")
         else:
             self.model.set_attn_processor(processor)
-
-    def enable_gradient_checkpointing(self, *args, **kwargs) -> None:
-        self.model.enable_gradient_checkpointing(*args, **kwargs)
 
 
 # -------------------------------------------------------------------------------------------------- schedule
@@ -166,6 +158,8 @@ def vae_scale_factor(vae_config) -> int:
 class FluxAdapter(ModelAdapter):
     name = "flux"
     pipeline_classes = ("FluxPipeline",)
+    pipeline_class = "FluxPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
+    components = COMPONENTS
     denoiser_folder = "transformer"
     lora_prefix = "transformer"
     # diffusers' train_dreambooth_lora_flux.py targets: the attention projections of both streams (the single
@@ -258,20 +252,6 @@ class FluxAdapter(ModelAdapter):
         channels = pipe.components["transformer"].config.in_channels // 4
         size = pipe.resolution // vae_scale_factor(pipe.vae.config)
         return (channels, size, size)
-
-    def stock_pipeline(self, pipe, denoiser):
-        """FluxPipeline with the exported transformer and the folder's own (dynamic-shift) scheduler."""
-        from diffusers import FluxPipeline
-
-        parts = {k: pipe.components[k] for k in COMPONENTS}
-        parts["transformer"] = denoiser
-        return FluxPipeline(**parts)
-
-    def save_lora(self, out_dir, layers, metadata) -> None:
-        from diffusers import FluxPipeline
-
-        FluxPipeline.save_lora_weights(out_dir, transformer_lora_layers=layers,
-                                       transformer_lora_adapter_metadata=metadata)
 
 
 ADAPTER = FluxAdapter()

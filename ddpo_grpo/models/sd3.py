@@ -42,11 +42,6 @@ class SD3Denoiser(PackedDenoiser):
                          pooled_projections=pooled, return_dict=False)[0]
         return DenoiserOutput(out)
 
-    # The diffusers model's switches, so that apply_unet_options works on the wrapper as on a UNet.
-    @property
-    def attn_processors(self):
-        return self.model.attn_processors
-
     def set_attn_processor(self, processor) -> None:
         """unet_attention="math" passes diffusers' generic AttnProcessor, which SD3's joint attention (text and image
         streams in one attention) cannot run: the joint processors stay, with torch's math SDPA backend (plain
@@ -54,9 +49,6 @@ class SD3Denoiser(PackedDenoiser):
         from diffusers.models.attention_processor import AttnProcessor
 
         self.model.set_attn_processor(math_joint_processor() if type(processor) is AttnProcessor else processor)
-
-    def enable_gradient_checkpointing(self, *args, **kwargs) -> None:
-        self.model.enable_gradient_checkpointing(*args, **kwargs)
 
 
 def math_joint_processor():
@@ -107,6 +99,8 @@ def vae_scale_factor(vae_config) -> int:
 class SD3Adapter(ModelAdapter):
     name = "sd3"
     pipeline_classes = ("StableDiffusion3Pipeline",)
+    pipeline_class = "StableDiffusion3Pipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
+    components = COMPONENTS
     denoiser_folder = "transformer"
     lora_prefix = "transformer"
     # The attention projections of every joint block (image and text streams), as diffusers'
@@ -203,19 +197,6 @@ class SD3Adapter(ModelAdapter):
         cfg = pipe.components["transformer"].config
         size = pipe.resolution // vae_scale_factor(pipe.vae.config) if pipe.resolution else cfg.sample_size
         return (cfg.in_channels, size, size)
-
-    def stock_pipeline(self, pipe, denoiser):
-        from diffusers import StableDiffusion3Pipeline
-
-        parts = {k: pipe.components[k] for k in COMPONENTS}
-        parts["transformer"] = denoiser
-        return StableDiffusion3Pipeline(**parts)
-
-    def save_lora(self, out_dir, layers, metadata) -> None:
-        from diffusers import StableDiffusion3Pipeline
-
-        StableDiffusion3Pipeline.save_lora_weights(out_dir, transformer_lora_layers=layers,
-                                                   transformer_lora_adapter_metadata=metadata)
 
 
 ADAPTER = SD3Adapter()

@@ -48,16 +48,6 @@ class SDXLDenoiser(PackedDenoiser):
                          added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids}, return_dict=False)[0]
         return DenoiserOutput(out)
 
-    # The model's switches that models.apply_unet_options sets on the denoiser.
-    @property
-    def attn_processors(self):
-        return self.model.attn_processors
-
-    def set_attn_processor(self, processor):
-        self.model.set_attn_processor(processor)
-
-    def enable_gradient_checkpointing(self, *args, **kwargs):
-        self.model.enable_gradient_checkpointing(*args, **kwargs)
 
 
 def _vae_scale_factor(vae) -> int:
@@ -67,6 +57,7 @@ def _vae_scale_factor(vae) -> int:
 class SDXLAdapter(ModelAdapter):
     name = "sdxl"
     pipeline_classes = ("StableDiffusionXLPipeline",)
+    pipeline_class = "StableDiffusionXLPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
     # diffusers' SDXL LoRA recipe (train_dreambooth_lora_sdxl.py): the attention projections.
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
     # The same wrap units as Stable Diffusion's UNet (config/accelerate/fsdp2.yaml's default line fits SDXL):
@@ -165,8 +156,6 @@ class SDXLAdapter(ModelAdapter):
     def stock_pipeline(self, pipe, denoiser):
         return self.diffusers_pipeline(pipe, unet=denoiser)
 
-    def save_lora(self, out_dir, layers, metadata) -> None:
-        from diffusers import StableDiffusionXLPipeline
 
         StableDiffusionXLPipeline.save_lora_weights(out_dir, unet_lora_layers=layers,
                                                     unet_lora_adapter_metadata=metadata)

@@ -70,6 +70,8 @@ def check_size(resolution: int, num_frames: int, spatial: int = 8, temporal: int
 class WanAdapter(ModelAdapter):
     name = "wan"
     pipeline_classes = ("WanPipeline",)
+    pipeline_class = "WanPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
+    components = COMPONENTS
     denoiser_folder = "transformer"
     lora_prefix = "transformer"
     # Self- and cross-attention projections and the feed-forward of every block (Flow-GRPO / DanceGRPO's Wan LoRA
@@ -159,19 +161,6 @@ class WanAdapter(ModelAdapter):
         temporal, spatial = _scales(pipe.vae.config)
         return (pipe.unet.config.in_channels, (pipe.num_frames - 1) // temporal + 1, pipe.height // spatial,
                 pipe.width // spatial)
-
-    def stock_pipeline(self, pipe, denoiser):
-        from diffusers import WanPipeline
-
-        parts = {k: pipe.components[k] for k in COMPONENTS}
-        parts["transformer"] = denoiser
-        return WanPipeline(**parts)
-
-    def save_lora(self, out_dir, layers, metadata) -> None:
-        from diffusers import WanPipeline
-
-        WanPipeline.save_lora_weights(out_dir, transformer_lora_layers=layers,
-                                      transformer_lora_adapter_metadata=metadata)
 
 
 ADAPTER = WanAdapter()

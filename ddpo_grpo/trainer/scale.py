@@ -68,6 +68,21 @@ def check_engine(config) -> None:
                           f"train.timesteps_per_call)); set gradient_accumulation_steps: {want}")
 
 
+def use_architecture_blocks(config, environ=None) -> None:
+    """FSDP2 wraps the blocks of the model being trained: its adapter's fsdp_block_classes (models/base.py) replace the
+    launch YAML's fsdp_transformer_layer_cls_to_wrap (accelerate reads FSDP_TRANSFORMER_CLS_TO_WRAP when the
+    Accelerator is made, so call this before), since accelerate stops when a listed class is not in the model (an SD
+    UNet's ResnetBlock2D in an SD3 transformer). Nothing to do for other engines."""
+    environ = os.environ if environ is None else environ
+    if engine() != "fsdp2":
+        return
+    from ddpo_grpo.models import model_adapter
+
+    blocks = ",".join(model_adapter(config.pretrained.model).fsdp_block_classes)
+    if blocks and environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP") != blocks:
+        environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = blocks
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly sharded) parameter: DTensor.full_tensor() (a collective: every process must
     call it), anything else as is."""
