@@ -96,8 +96,10 @@ class WanAdapter(ModelAdapter):
         why = self.check_size(path, resolution, num_frames)
         if why:
             raise ConfigError(f"pretrained: {why}")
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
         scheduler, family = load_scheduler(path)
-        if family != "flow":
+        if not isinstance(scheduler, FlowMatchEulerDiscreteScheduler):
             raise ConfigError(f"model {path!r}: its scheduler config is not flow matching (no flow_shift / "
                               "use_flow_sigmas, not FlowMatchEulerDiscreteScheduler); Wan trains with the flow family")
         kw = dict(local_files_only=True)
