@@ -262,15 +262,6 @@ def sd15_random_bench():
     return config
 
 
-def get_config(name: str = "tiny"):
-    # Every function of this file is a named config (an architecture's configs sit after its section heading).
-    configs = {n: f for n, f in globals().items()
-               if callable(f) and getattr(f, "__module__", None) == __name__ and not n.startswith("_") and n != "get_config"}
-    if name not in configs:
-        raise ValueError(f"unknown config name {name!r}; choose one of: {', '.join(sorted(configs))}")
-    return configs[name]()
-
-
 # ---- SD3
 def sd3_tiny():
     """Stable Diffusion 3 on this CPU: the tiny random SD3 build (`sd3-tiny`: StableDiffusion3Pipeline's own classes
@@ -562,3 +553,12 @@ def wan():
     config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 4
     return config
+
+
+def get_config(name: str = "tiny"):
+    # Every function of this file is a named config (an architecture's configs sit after its section heading).
+    configs = {n: f for n, f in globals().items()
+               if callable(f) and getattr(f, "__module__", None) == __name__ and not n.startswith("_") and n != "get_config"}
+    if name not in configs:
+        raise ValueError(f"unknown config name {name!r}; choose one of: {', '.join(sorted(configs))}")
+    return configs[name]()

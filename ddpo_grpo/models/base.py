@@ -163,6 +163,17 @@ class ModelAdapter:
         """The run's settings that the model takes beyond its folder, applied after load (FLUX.1-dev: the embedded
         guidance, pretrained.embedded_guidance). Default: none."""
 
+    def diffusers_pipeline(self, pipe: LoadedPipeline):
+        """The pipeline_class over the loaded components, made once per pipe: its own encode_prompt and helpers are
+        what the adapter calls, so a condition is exactly the one the stock pipeline builds."""
+        held = pipe.__dict__.get("_diffusers_pipeline")
+        if held is None:
+            import diffusers
+
+            held = getattr(diffusers, self.pipeline_class)(**{k: pipe.components[k] for k in self.components})
+            pipe.__dict__["_diffusers_pipeline"] = held
+        return held
+
     def stock_pipeline(self, pipe: LoadedPipeline, denoiser: torch.nn.Module):
         """The diffusers pipeline object over the loaded components with `denoiser` (the exported model), or None
         where no stock pipeline class describes the model (then each component is saved in its own folder)."""

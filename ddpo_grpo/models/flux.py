@@ -227,16 +227,6 @@ class FluxAdapter(ModelAdapter):
             return f"resolution {resolution} must be a positive multiple of {step} px (VAE x 2x2 packing) for FLUX"
         return ""
 
-    def flux_pipeline(self, pipe: LoadedPipeline):
-        """FluxPipeline over the loaded components (for its encode_prompt), made once per pipe."""
-        from diffusers import FluxPipeline
-
-        held = pipe.__dict__.get("_flux_pipeline")
-        if held is None:
-            held = FluxPipeline(**{k: pipe.components[k] for k in COMPONENTS})
-            pipe.__dict__["_flux_pipeline"] = held
-        return held
-
     def max_sequence_length(self, pipe: LoadedPipeline) -> int:
         return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_2"].model_max_length))
 
@@ -244,7 +234,7 @@ class FluxAdapter(ModelAdapter):
         """The pipeline's own encode_prompt: T5's token embeddings (B, L, D) with CLIP's pooled embedding (B, P)
         packed into extra rows, (B, L + ceil(P / D), D)."""
         device = next(pipe.components["text_encoder_2"].parameters()).device
-        seq, pooled, _ = self.flux_pipeline(pipe).encode_prompt(
+        seq, pooled, _ = self.diffusers_pipeline(pipe).encode_prompt(
             list(prompts), device=device, max_sequence_length=self.max_sequence_length(pipe))
         return pack_condition(seq, [pooled])
 

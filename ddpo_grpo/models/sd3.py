@@ -170,16 +170,6 @@ class SD3Adapter(ModelAdapter):
                     f"this SD3 model (native: {tcfg['sample_size'] * vae_scale_factor(vcfg)} px)")
         return ""
 
-    def sd3_pipeline(self, pipe: LoadedPipeline):
-        """StableDiffusion3Pipeline over the loaded components (for its encode_prompt), made once per pipe."""
-        from diffusers import StableDiffusion3Pipeline
-
-        held = pipe.__dict__.get("_sd3_pipeline")
-        if held is None:
-            held = StableDiffusion3Pipeline(**{k: pipe.components[k] for k in COMPONENTS})
-            pipe.__dict__["_sd3_pipeline"] = held
-        return held
-
     def max_sequence_length(self, pipe: LoadedPipeline) -> int:
         return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_3"].model_max_length))
 
@@ -188,7 +178,7 @@ class SD3Adapter(ModelAdapter):
         into extra rows, (B, L + ceil(P / D), D)."""
         prompts = list(prompts)
         device = next(pipe.components["text_encoder"].parameters()).device
-        seq, _, pooled, _ = self.sd3_pipeline(pipe).encode_prompt(
+        seq, _, pooled, _ = self.diffusers_pipeline(pipe).encode_prompt(
             prompts, prompts, prompts, device=device, do_classifier_free_guidance=False,
             max_sequence_length=self.max_sequence_length(pipe))
         return pack_condition(seq, [pooled])

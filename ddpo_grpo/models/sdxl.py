@@ -49,7 +49,6 @@ class SDXLDenoiser(PackedDenoiser):
         return DenoiserOutput(out)
 
 
-
 def _vae_scale_factor(vae) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 8  # as the pipeline
 
@@ -155,10 +154,6 @@ class SDXLAdapter(ModelAdapter):
 
     def stock_pipeline(self, pipe, denoiser):
         return self.diffusers_pipeline(pipe, unet=denoiser)
-
-
-        StableDiffusionXLPipeline.save_lora_weights(out_dir, unet_lora_layers=layers,
-                                                    unet_lora_adapter_metadata=metadata)
 
 
 ADAPTER = SDXLAdapter()

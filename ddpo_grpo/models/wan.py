@@ -141,20 +141,10 @@ class WanAdapter(ModelAdapter):
                 raise ConfigError(f"pretrained.num_frames: {why}")
             pipe.num_frames = frames
 
-    def wan_pipeline(self, pipe: LoadedPipeline):
-        """WanPipeline over the loaded components (for its encode_prompt), made once per pipe."""
-        from diffusers import WanPipeline
-
-        held = pipe.__dict__.get("_wan_pipeline")
-        if held is None:
-            held = WanPipeline(**{k: pipe.components[k] for k in COMPONENTS})
-            pipe.__dict__["_wan_pipeline"] = held
-        return held
-
     def encode(self, pipe, prompts: Sequence[str]) -> torch.Tensor:
         """WanPipeline.encode_prompt: UMT5's token embeddings (B, 512, D), zero after each prompt's tokens."""
         device = next(pipe.text_encoder.parameters()).device
-        embeds, _ = self.wan_pipeline(pipe).encode_prompt(list(prompts), do_classifier_free_guidance=False,
+        embeds, _ = self.diffusers_pipeline(pipe).encode_prompt(list(prompts), do_classifier_free_guidance=False,
                                                           max_sequence_length=MAX_SEQUENCE_LENGTH, device=device)
         return embeds
 
