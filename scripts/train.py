@@ -55,8 +55,8 @@ def run(config):
     # A resumed run continues in its checkpoint's run folder (checkpoints, history, wandb run, TensorBoard curve) unless
     # run_name names another; a missing or damaged checkpoint is one line here, before any tracker or model starts.
     ckpt = check_resume(config, family) if config.resume_from else ""
-    run_dir = (os.path.join(config.logdir, config.run_name) if config.run_name else run_folder_of(ckpt) if ckpt else None) \
-        or os.path.join(config.logdir, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
+    run_dir = os.path.join(config.logdir, config.run_name) if config.run_name else (run_folder_of(ckpt) if ckpt else "")
+    run_dir = run_dir or os.path.join(config.logdir, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     name = os.path.basename(run_dir)
     if config.dry_run:
         print(f"config OK: {num_processes} processes x {config.sample.batch_size} x {config.sample.num_batches_per_epoch}"

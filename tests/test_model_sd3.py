@@ -47,19 +47,6 @@ torch.save({"images": images, "loaded": sorted(m for m in sys.modules if m.start
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A fresh tiny-build cache for this module (the build itself is part of what is tested), for this process
-    and the trainer subprocesses."""
-    import ddpo_grpo.models as models
-
-    folder = tmp_path_factory.mktemp("tiny_builds")
-    before = models.TINY_CACHE
-    models.TINY_CACHE = str(folder)
-    yield str(folder)
-    models.TINY_CACHE = before
-
-
-@pytest.fixture(scope="module")
 def tiny(cache):
     from ddpo_grpo.models import load_pipeline
 

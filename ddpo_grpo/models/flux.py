@@ -42,6 +42,7 @@ import torch
 
 from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, pack_condition, \
     unpack_condition
+from .tiny import clip_tokenizer, t5_tokenizer
 
 EMBEDDED_GUIDANCE = 3.5  # FluxPipeline's default guidance_scale (FLUX.1-dev's recommended value)
 T5_MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default max_sequence_length
@@ -262,35 +263,6 @@ def _words():
     return sorted(set(vocabulary()) | set(EXTRA_WORDS))
 
 
-def build_clip_tokenizer(words, model_max_length: int):
-    """A CLIP BPE tokenizer in which every word is one token (models/tiny.py's merges), padded with <|endoftext|>."""
-    import tempfile
-
-    from transformers import CLIPTokenizer
-
-    from .tiny import _bpe_for_words
-
-    vocab, merges = _bpe_for_words(list(words))
-    with tempfile.TemporaryDirectory() as tmp:  # CLIPTokenizer reads its vocabulary from files
-        with open(os.path.join(tmp, "vocab.json"), "w") as f:
-            json.dump(vocab, f)
-        with open(os.path.join(tmp, "merges.txt"), "w") as f:
-            f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
-        return CLIPTokenizer.from_pretrained(tmp, model_max_length=model_max_length, pad_token="<|endoftext|>")
-
-
-def build_t5_tokenizer(words, model_max_length: int):
-    """A T5 tokenizer (a `tokenizers` Unigram model, sentencepiece-style): every word one piece ("▁word"), single
-    letters as fallback, <pad>=0, </s>=1, <unk>=2 as in T5. save_pretrained writes tokenizer.json, which
-    transformers' T5TokenizerFast (T5Tokenizer in transformers 5) loads offline."""
-    from transformers import T5TokenizerFast
-
-    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz"))
-    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0) for w in words]
-             + [("\u2581", -2.0)] + [(c, -5.0) for c in letters])
-    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
-
-
 def _clip_config(tok, vocab_size: int, hidden: int, inter: int, layers: int, heads: int, positions: int):
     from transformers import CLIPTextConfig
 
@@ -308,8 +280,8 @@ def tiny_parts() -> dict:
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     words = _words()
-    tok = build_clip_tokenizer(words, TINY_MAX_TOKENS)
-    tok_2 = build_t5_tokenizer(words, TINY_MAX_TOKENS)
+    tok = clip_tokenizer(words, TINY_MAX_TOKENS)
+    tok_2 = t5_tokenizer(words, TINY_MAX_TOKENS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
         text_encoder = CLIPTextModel(_clip_config(tok, len(tok), 32, 64, 1, 2, TINY_MAX_TOKENS))
@@ -361,7 +333,7 @@ def build_flux_dev_random(resolution: int = 512, torch_dtype: torch.dtype = torc
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     words = _words()
-    tok, tok_2 = build_clip_tokenizer(words, 77), build_t5_tokenizer(words, T5_MAX_SEQUENCE_LENGTH)
+    tok, tok_2 = clip_tokenizer(words, 77), t5_tokenizer(words, T5_MAX_SEQUENCE_LENGTH)
     device = torch.device(device)
     default = torch.get_default_dtype()
     fork = [device.index or 0] if device.type == "cuda" else []

@@ -8,10 +8,6 @@ text encoder still has SD's 49408-row embedding, and prompts are padded to SD's 
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 import torch
 from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
@@ -64,15 +60,9 @@ def sd15_scheduler() -> DDIMScheduler:
 def build_tokenizer() -> CLIPTokenizer:
     """A CLIPTokenizer with one token per toy-world word (plus a few generic ones), padded to SD's 77 tokens."""
     from ddpo_grpo.worlds.toyworld.dataset import vocabulary
-    from .tiny import _bpe_for_words
+    from .tiny import clip_tokenizer
 
-    vocab, merges = _bpe_for_words(list(vocabulary()) + list(EXTRA_WORDS))
-    with tempfile.TemporaryDirectory() as tmp:  # CLIPTokenizer reads its vocabulary from files only
-        with open(os.path.join(tmp, "vocab.json"), "w") as f:
-            json.dump(vocab, f)
-        with open(os.path.join(tmp, "merges.txt"), "w") as f:
-            f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
-        return CLIPTokenizer.from_pretrained(tmp, model_max_length=SD_MAX_TOKENS, pad_token="<|endoftext|>")
+    return clip_tokenizer(list(vocabulary()) + list(EXTRA_WORDS), SD_MAX_TOKENS)
 
 
 def sd15_text_config(tokenizer: CLIPTokenizer) -> CLIPTextConfig:

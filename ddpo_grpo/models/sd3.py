@@ -25,6 +25,7 @@ import torch
 
 from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, load_scheduler, \
     pack_condition, unpack_condition
+from .tiny import clip_tokenizer, t5_tokenizer
 
 T5_MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default max_sequence_length
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3",
@@ -204,36 +205,6 @@ def _words():
     return sorted(set(vocabulary()) | set(EXTRA_WORDS))
 
 
-def build_t5_tokenizer(words, model_max_length: int):
-    """A T5 (Unigram, sentencepiece-style) tokenizer built with the `tokenizers` library: every word one piece
-    ("▁word"), single letters as fallback, <pad>=0, </s>=1, <unk>=2 as in T5. Saved as tokenizer.json, which
-    transformers' T5TokenizerFast (T5Tokenizer in transformers 5) loads offline."""
-    from transformers import T5TokenizerFast
-
-    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz"))
-    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0) for w in words]
-             + [("\u2581", -2.0)] + [(c, -5.0) for c in letters])
-    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
-
-
-def build_clip_tokenizer(words, model_max_length: int):
-    """A CLIP BPE tokenizer in which every word is one token (models/tiny.py's merges), padded with <|endoftext|>."""
-    import tempfile
-
-    from transformers import CLIPTokenizer
-
-    from .tiny import _bpe_for_words
-
-    vocab, merges = _bpe_for_words(list(words))
-    with tempfile.TemporaryDirectory() as tmp:  # CLIPTokenizer reads its vocabulary from files
-        with open(os.path.join(tmp, "vocab.json"), "w") as f:
-            json.dump(vocab, f)
-        with open(os.path.join(tmp, "merges.txt"), "w") as f:
-            f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
-        tok = CLIPTokenizer.from_pretrained(tmp, model_max_length=model_max_length, pad_token="<|endoftext|>")
-    return tok
-
-
 def _clip_config(tok, vocab_size: int, hidden: int, inter: int, layers: int, heads: int, proj: int, positions: int,
                  act: str = "quick_gelu"):
     from transformers import CLIPTextConfig
@@ -251,9 +222,9 @@ def tiny_parts() -> dict:
     from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     words = _words()
-    tok = build_clip_tokenizer(words, TINY_MAX_TOKENS)
-    tok_2 = build_clip_tokenizer(words, TINY_MAX_TOKENS)
-    tok_3 = build_t5_tokenizer(words, TINY_MAX_TOKENS)
+    tok = clip_tokenizer(words, TINY_MAX_TOKENS)
+    tok_2 = clip_tokenizer(words, TINY_MAX_TOKENS)
+    tok_3 = t5_tokenizer(words, TINY_MAX_TOKENS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
         enc = CLIPTextModelWithProjection(_clip_config(tok, len(tok), 32, 64, 2, 2, 16, TINY_MAX_TOKENS))
@@ -307,8 +278,8 @@ def build_sd35_medium_random(resolution: int = 512, torch_dtype: torch.dtype = t
     from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     words = _words()
-    tok, tok_2 = build_clip_tokenizer(words, 77), build_clip_tokenizer(words, 77)
-    tok_3 = build_t5_tokenizer(words, 512)
+    tok, tok_2 = clip_tokenizer(words, 77), clip_tokenizer(words, 77)
+    tok_3 = t5_tokenizer(words, 512)
     device = torch.device(device)
     default = torch.get_default_dtype()
     fork = [device.index or 0] if device.type == "cuda" else []

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Sequence
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from ddpo_grpo.errors import ConfigError
 
 from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, load_scheduler, unpack_condition
+from .tiny import clip_tokenizer
 
 NUM_TIME_IDS = 6  # original (h, w), crop top-left (y, x), target (h, w)
 
@@ -170,21 +170,6 @@ def sdxl_scheduler_config() -> dict:
             "use_karras_sigmas": False}
 
 
-def _tokenizer(words, max_length: int):
-    """A CLIPTokenizer (CLIP BPE) in which each word is one token, padded to max_length tokens."""
-    from transformers import CLIPTokenizer
-
-    from .tiny import _bpe_for_words
-
-    vocab, merges = _bpe_for_words(list(words))
-    with tempfile.TemporaryDirectory() as tmp:  # CLIPTokenizer reads its vocabulary from files only
-        with open(os.path.join(tmp, "vocab.json"), "w") as f:
-            json.dump(vocab, f)
-        with open(os.path.join(tmp, "merges.txt"), "w") as f:
-            f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
-        return CLIPTokenizer.from_pretrained(tmp, model_max_length=max_length, pad_token="<|endoftext|>")
-
-
 TINY_WORDS = ("a", "an", "the", "photo", "of")
 TINY_TOKENS = 16
 TINY_RESOLUTION = 32  # pixels; latents (4, 8, 8)
@@ -212,7 +197,7 @@ def build_tiny(out_dir: str) -> str:
 
     from ddpo_grpo.worlds.toyworld.dataset import vocabulary
 
-    tok = _tokenizer(list(vocabulary()) + list(TINY_WORDS), TINY_TOKENS)
+    tok = clip_tokenizer(list(vocabulary()) + list(TINY_WORDS), TINY_TOKENS)
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, max_position_embeddings=TINY_TOKENS, projection_dim=32,
                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -295,7 +280,7 @@ def build_sdxl_random(resolution: int = SDXL_RESOLUTION, torch_dtype: torch.dtyp
         raise ValueError(f"resolution {resolution} must be a positive multiple of 32 (latents are resolution/8 and "
                          "the UNet halves them twice)")
     device = torch.device(device)
-    tok = _tokenizer(list(vocabulary()) + list(TINY_WORDS), SDXL_TOKENS)
+    tok = clip_tokenizer(list(vocabulary()) + list(TINY_WORDS), SDXL_TOKENS)
     cfg1, cfg2 = sdxl_text_configs(tok)
     fork = [device.index or 0] if device.type == "cuda" else []
     old = torch.get_default_dtype()

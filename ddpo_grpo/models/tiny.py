@@ -51,19 +51,36 @@ def _bpe_for_words(words: Iterable[str]) -> Tuple[dict, List[Tuple[str, str]]]:
     return {tok: i for i, tok in enumerate(vocab)}, merges
 
 
-def build_tokenizer(words: Iterable[str], save_dir: str) -> CLIPTokenizer:
-    """Build a CLIPTokenizer whose vocab is `words` (one token each) and save it to save_dir.
-
-    The vocab/merges files are written to a fresh temporary folder first: a stale tokenizer.json
-    in save_dir would otherwise take precedence over them in from_pretrained.
-    """
+def clip_tokenizer(words: Iterable[str], model_max_length: int) -> CLIPTokenizer:
+    """A CLIPTokenizer (CLIP BPE) in which every word is one token, padded with <|endoftext|>: the bundled models' and
+    every tiny / random build's CLIP tokenizer. CLIPTokenizer reads its vocabulary from files only: they are written
+    to a fresh temporary folder (a stale tokenizer.json next to them would take precedence)."""
     vocab, merges = _bpe_for_words(list(words))
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "vocab.json"), "w") as f:
             json.dump(vocab, f)
         with open(os.path.join(tmp, "merges.txt"), "w") as f:
             f.write("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
-        tok = CLIPTokenizer.from_pretrained(tmp, model_max_length=MAX_TOKENS, pad_token="<|endoftext|>")
+        return CLIPTokenizer.from_pretrained(tmp, model_max_length=model_max_length, pad_token="<|endoftext|>")
+
+
+def t5_tokenizer(words: Iterable[str], model_max_length: int, extra_letters: str = ""):
+    """A T5 (Unigram, sentencepiece-style) tokenizer built with the `tokenizers` library: every word one piece
+    ("▁word"), single letters (a-z, the words' own, `extra_letters`) as fallback, <pad>=0, </s>=1, <unk>=2 as in T5.
+    Saved as tokenizer.json, which transformers' T5 tokenizer class (T5Tokenizer in transformers 5) loads offline:
+    the T5 / UMT5 tokenizer of the tiny and random builds."""
+    from transformers import T5TokenizerFast
+
+    words = list(words)
+    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz" + extra_letters))
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0) for w in words]
+             + [("\u2581", -2.0)] + [(c, -5.0) for c in letters])
+    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
+
+
+def build_tokenizer(words: Iterable[str], save_dir: str) -> CLIPTokenizer:
+    """Build the bundled models' CLIPTokenizer whose vocab is `words` (one token each) and save it to save_dir."""
+    tok = clip_tokenizer(words, MAX_TOKENS)
     if os.path.isdir(save_dir):
         shutil.rmtree(save_dir)
     tok.save_pretrained(save_dir)

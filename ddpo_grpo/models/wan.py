@@ -175,13 +175,9 @@ def build_umt5_tokenizer(words=None):
     """A T5-style (Unigram) tokenizer built with the `tokenizers` library, as Wan's UMT5 tokenizer is: every word one
     piece ("▁word"), single letters as fallback, <pad>=0, </s>=1, <unk>=2. Saved as tokenizer.json, which
     transformers' T5 tokenizer class (and AutoTokenizer) loads offline."""
-    from transformers import T5TokenizerFast
+    from .tiny import t5_tokenizer
 
-    words = list(words or _words())
-    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz0123456789"))
-    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("\u2581" + w, -1.0) for w in words]
-             + [("\u2581", -2.0)] + [(c, -5.0) for c in letters])
-    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=512)
+    return t5_tokenizer(words or _words(), 512, extra_letters="0123456789")
 
 
 def wan_scheduler_config(flow_shift: float) -> dict:
