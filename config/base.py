@@ -73,6 +73,12 @@ def get_config() -> ml_collections.ConfigDict:
     # The k copies of a condition start from the same initial noise x_T (DanceGRPO); their rewards then differ
     # only through the policy's stochastic steps, which is what the advantages are credited to.
     config.sample.shared_init_noise = False
+    # Branched trajectories (core/branching.py): each tree shares x_T and a deterministic trunk, and every node splits
+    # into `branches` stochastic children at each of `branch_steps` (schedule positions), deterministic elsewhere. The
+    # children of a node are a GRPO group, each valued by the mean reward of its leaves: the advantage at a split is
+    # what that step's noise did. k = seeds x branches**len(branch_steps); () = no branching.
+    config.sample.branch_steps = ()
+    config.sample.branches = 2
     config.sample.guidance_scale = 1.0  # classifier-free guidance; 1.0 = off
     config.sample.batch_size = 8  # per process, per sampling batch
     config.sample.num_batches_per_epoch = 4

@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
+from .branching import BranchSpec
 from .families import get_family
 from .policy_step import SamplerSettings, denoiser_output, policy_step
 
@@ -20,16 +21,29 @@ from .policy_step import SamplerSettings, denoiser_output, policy_step
 class Trajectory:
     """A batch of sampled trajectories. T is the number of stored (stochastic, trainable) steps.
 
-    latents[:, j] is the input of stored step j and latents[:, j + 1] its output.
+    Stored step j goes from state latents[:, transitions[j, 0]] to latents[:, transitions[j, 1]]: j -> j + 1 for a
+    chain of consecutive steps (S = T + 1 states), 2j -> 2j + 1 for a branched tree, whose split steps need not be
+    consecutive (S = 2T + 1 states; the last is the final sample).
     """
 
-    latents: torch.Tensor  # (B, T+1, C, H, W); video (B, T+1, C, F, H, W)
+    latents: torch.Tensor  # (B, S, C, H, W); video (B, S, C, F, H, W)
     log_probs: Optional[torch.Tensor]  # (B, T) float32; None for deterministic sampling
     timesteps: torch.Tensor  # (T,) denoiser timestep values of the stored steps
     step_indices: torch.Tensor  # (T,) long, positions of the stored steps in the schedule
     images: torch.Tensor  # (B, C, H, W) in [0, 1], float32; video: frames (B, F, C, H, W)
     pred_x0: Optional[torch.Tensor] = None  # (B, T, C, H, W) decoded x̂0 images in [0, 1] ((B, T, F, C, H, W) video)
     step_std: Optional[torch.Tensor] = None  # (T,) the policy's std at each stored step (same for every sample)
+    transitions: Optional[torch.Tensor] = None  # (T, 2) long: state indices of each stored step's input and output
+
+    def __post_init__(self):
+        if self.transitions is None:
+            self.transitions = chain_transitions(len(self.step_indices))
+
+
+def chain_transitions(T: int) -> torch.Tensor:
+    """(T, 2) long: stored step j goes from state j to state j + 1 (consecutive steps)."""
+    j = torch.arange(T, dtype=torch.long)
+    return torch.stack([j, j + 1], dim=1)
 
 
 def encode_prompts(text_encoder, tokenizer, prompts: Sequence[str], device=None) -> torch.Tensor:
@@ -86,6 +100,7 @@ def pipeline_with_logprob(
     deterministic: bool = False,
     sde_window: Optional[Sequence[int]] = None,
     cond_channels: Optional[torch.Tensor] = None,
+    branch: Optional[BranchSpec] = None,
 ) -> Trajectory:
     """Sample B trajectories and their per-step log-probs.
 
@@ -93,8 +108,13 @@ def pipeline_with_logprob(
     latents (B, C, H, W) initial noise, else drawn from `generator` with `sample_shape` (C, H, W).
     deterministic=True: DDIM eta=0 / flow ODE everywhere, no log-probs (evaluation).
     sde_window=(start, size): stochastic (stored) steps only there, deterministic elsewhere (flow ODE, DDIM eta 0).
+    branch: sample whole trees (core.branching): B = trees * L leaf rows, one condition per tree; latents / the draw
+    are then the trees' x_T, (B // L, C, H, W). Only the split steps are stochastic and stored (T = D).
     Returns a Trajectory whose latents are stored in the initial latents' dtype.
     """
+    if branch is not None:
+        return _branched(unet, scheduler, settings, branch, prompt_embeds, negative_prompt_embeds,
+                         num_inference_steps, latents, sample_shape, generator, vae, cond_channels)
     B = prompt_embeds.shape[0]
     device = prompt_embeds.device
     if latents is None:
@@ -153,4 +173,67 @@ def pipeline_with_logprob(
         images=decode(vae, latents),
         pred_x0=torch.stack(x0s, dim=1) if return_pred_x0 else None,
         step_std=None if deterministic else torch.stack(stds).float().cpu(),
+    )
+
+
+def _branched(unet, scheduler, settings: SamplerSettings, spec: BranchSpec, prompt_embeds, negative_prompt_embeds,
+              num_inference_steps, latents, sample_shape, generator, vae, cond_channels) -> Trajectory:
+    """pipeline_with_logprob with a tree per condition (see core.branching for the layout). Rows of the running
+    state are the current depth's nodes, trees contiguous; at a split each node is repeated K times and takes the
+    policy's stochastic step, so a shared trunk is computed once."""
+    B, L, K, D = prompt_embeds.shape[0], spec.leaves, spec.branches, spec.depth
+    if B % L:
+        raise ValueError(f"{B} rows do not hold whole trees of {L} leaves")
+    if isinstance(generator, list):
+        raise ValueError("branched sampling draws from one generator, not a list")
+    family = get_family(settings.family)
+    if not family.supports_sde_window:  # deterministic steps between splits must keep the stochastic marginals
+        raise ValueError(f"branched sampling does not apply to the {family.name} family")
+    family.set_timesteps(scheduler, num_inference_steps)
+    timesteps = scheduler.timesteps
+    spec.check(family.stochastic_steps(len(timesteps), settings.sde_type))
+    device = prompt_embeds.device
+    if latents is None:
+        latents = torch.randn((B // L, *sample_shape), generator=generator).to(device)
+    if latents.shape[0] != B // L:
+        raise ValueError(f"branched sampling takes one x_T per tree: {B // L}, got {latents.shape[0]}")
+
+    def rows(depth):  # the first leaf row under each node at `depth`: its condition is the node's
+        return torch.arange(B // spec.leaves_below(depth), device=device) * spec.leaves_below(depth)
+
+    def at(x, depth):
+        return None if x is None else x[rows(depth)]
+
+    def to_leaves(x, depth):  # node rows at `depth` -> one row per leaf
+        return x.repeat_interleave(spec.leaves_below(depth), dim=0)
+
+    states, log_probs, stds = [], [], []
+    depth = 0
+    for i, t in enumerate(timesteps):
+        n = latents.shape[0]
+        if depth < D and i == spec.steps[depth]:
+            parent = latents.repeat_interleave(K, dim=0)
+            res = policy_step(unet, scheduler, settings, parent, t.expand(n * K).to(device),
+                              torch.full((n * K,), i, dtype=torch.long), at(prompt_embeds, depth + 1),
+                              at(negative_prompt_embeds, depth + 1), generator=generator,
+                              cond_channels=at(cond_channels, depth + 1))
+            latents = res.prev_sample
+            states += [to_leaves(parent, depth + 1), to_leaves(latents, depth + 1)]
+            log_probs.append(to_leaves(res.log_prob, depth + 1))
+            stds.append(res.std.reshape(res.std.shape[0], -1)[:, 0].max())
+            depth += 1
+        else:
+            out = denoiser_output(unet, latents, t.expand(n).to(device), at(prompt_embeds, depth),
+                                  at(negative_prompt_embeds, depth), settings.guidance_scale, at(cond_channels, depth))
+            latents = family.ode_step(scheduler, out, t.expand(n).to(device), torch.full((n,), i, dtype=torch.long),
+                                      latents)
+    states.append(latents)
+    return Trajectory(
+        latents=torch.stack(states, dim=1),
+        log_probs=torch.stack(log_probs, dim=1),
+        timesteps=timesteps[list(spec.steps)].clone(),
+        step_indices=torch.tensor(spec.steps, dtype=torch.long),
+        images=decode(vae, latents),
+        step_std=torch.stack(stds).float().cpu(),
+        transitions=torch.stack([torch.arange(D) * 2, torch.arange(D) * 2 + 1], dim=1),
     )

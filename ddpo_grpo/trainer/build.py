@@ -19,7 +19,7 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.combine import PER_STEP_MODES
 
 from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset
-from .sampling import SDE_WINDOW_MODES, stochastic_steps
+from .sampling import SDE_WINDOW_MODES, branch_spec, stochastic_steps
 
 
 @dataclass
@@ -210,8 +210,10 @@ def validate_config(config, num_processes: int) -> str:
     if not config.reward.fns:
         raise ConfigError("reward.fns is empty; give at least one reward name with a weight")
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
+    tree = branch_spec(config, family)  # a tree that cannot be sampled or trained is one line here
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
-                   num_processes=num_processes, k=s.k, seed=config.seed)  # geometry, and enough distinct conditions
+                   num_processes=num_processes, k=s.k, seed=config.seed,
+                   tree_size=tree.leaves if tree else 1)  # geometry, and enough distinct conditions
     return family
 
 
@@ -310,7 +312,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")
     sampler = KRepeatSampler(len(train_data), config.sample.batch_size, config.sample.num_batches_per_epoch,
                              accelerator.num_processes, config.sample.k, config.seed,
-                             weights=getattr(train_data, "weights", None))
+                             weights=getattr(train_data, "weights", None),
+                             tree_size=getattr(branch_spec(config, pipe.family), "leaves", 1))
     cache: Dict[str, torch.Tensor] = {}
 
     @torch.no_grad()

@@ -114,7 +114,7 @@ def build_dataset(config, split: str):
 class KRepeatSampler:
     """Per epoch: m = total / k distinct conditions (drawn without replacement, by `weights` if the dataset has
     them), each repeated exactly k times, shuffled, and cut into
-    num_batches x num_processes slices of batch_size. Every process computes the same plan from
+    num_batches x num_processes slices of batch_size (whole trees of tree_size slots when branching). Every process computes the same plan from
     (seed, epoch), so no communication is needed and a resumed run replays the same epoch."""
 
     dataset_size: int
@@ -124,6 +124,7 @@ class KRepeatSampler:
     k: int
     seed: int
     weights: Optional[np.ndarray] = None  # per-condition sampling weights (None = uniform)
+    tree_size: int = 1  # consecutive slots that stay together (the leaves of one branched tree, core.branching)
 
     def __post_init__(self):
         total = self.batch_size * self.num_batches * self.num_processes
@@ -145,7 +146,9 @@ class KRepeatSampler:
         """Condition positions for the whole epoch, shape (num_batches, num_processes, batch_size)."""
         rng = np.random.default_rng((self.seed, epoch, 7))
         chosen = rng.choice(self.dataset_size, size=self.num_conditions, replace=False, p=self.weights)
-        plan = rng.permutation(np.repeat(chosen, self.k))
+        # Whole trees are shuffled, so a tree's leaves stay consecutive within one batch (batch_size is a multiple
+        # of tree_size); with tree_size 1 this is the plain shuffle of k copies.
+        plan = np.repeat(rng.permutation(np.repeat(chosen, self.k // self.tree_size)), self.tree_size)
         return plan.reshape(self.num_batches, self.num_processes, self.batch_size)
 
     def batch(self, epoch: int, batch_idx: int, rank: int) -> List[int]:

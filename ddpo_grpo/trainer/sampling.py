@@ -10,7 +10,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ddpo_grpo.core.branching import BranchSpec
 from ddpo_grpo.core.families import get_family
+from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings
 
@@ -32,6 +34,15 @@ class EpochSamples:
     cond_channels: Optional[torch.Tensor] = None  # (N, C', H, W) image conditioning
     reward_futures: List[Any] = field(default_factory=list)
     step_std: Optional[torch.Tensor] = None  # (T,) policy std per stored step
+    # (T, 2) long: stored step j goes from latents[:, transitions[j, 0]] to latents[:, transitions[j, 1]]
+    # (None: j -> j + 1, consecutive steps; see core.pipeline_with_logprob.Trajectory)
+    transitions: Optional[torch.Tensor] = None
+
+    def step_states(self, columns: torch.Tensor):
+        """columns (n,) long -> (input state indices (n,), output state indices (n,)) into latents' dim 1."""
+        if self.transitions is None:
+            return columns, columns + 1
+        return self.transitions[columns, 0], self.transitions[columns, 1]
 
     def __len__(self) -> int:
         return self.latents.shape[0]
@@ -64,6 +75,38 @@ def sde_window(config, epoch: int) -> Optional[tuple]:
     else:
         raise ValueError(f"unknown sample.sde_window_mode {mode!r}; choose one of {SDE_WINDOW_MODES}")
     return (start, w)
+
+
+def branch_spec(config, family: str = "flow") -> Optional[BranchSpec]:
+    """The tree of `sample.branch_steps` x `sample.branches` (core.branching), or None without branch steps. Raises
+    ConfigError with one line for a tree that cannot be sampled or trained: a split outside the stochastic steps,
+    fewer than 2 branches, k or the batch not holding whole trees, or an option that means something else per
+    sample (an SDE window, shared x_T per condition, per-step rewards, a history buffer, the forward objectives)."""
+    s = config.sample
+    steps = tuple(s.get("branch_steps", ()) or ())
+    if not steps:
+        return None
+    spec = BranchSpec(steps, int(s.branches))
+    try:
+        spec.check(stochastic_steps(config, family))
+    except ValueError as e:
+        raise ConfigError(f"sample.branch_steps / sample.branches: {e}") from None
+    L = spec.leaves
+    if s.k % L:
+        raise ConfigError(f"sample.k={s.k} must be a multiple of the {L} leaves of one tree "
+                          f"(branches**len(branch_steps) = {s.branches}**{spec.depth}): k = seeds x leaves")
+    if s.batch_size % L:
+        raise ConfigError(f"sample.batch_size={s.batch_size} cannot hold whole trees of {L} leaves; use a multiple of {L}")
+    clash = [(s.sde_window_size, "sample.sde_window_size (the split steps are the stochastic ones)"),
+             (s.shared_init_noise, "sample.shared_init_noise (the leaves of a tree share x_T; trees draw their own)"),
+             (config.reward.per_step != "none", "reward.per_step (a child is valued by the mean final reward below it)"),
+             (config.tracker.buffer_size, "tracker.buffer_size (sibling groups exist for one epoch)"),
+             (config.tracker.std_mode == "running", "tracker.std_mode='running' (no per-group baseline)"),
+             (config.train.get("objective", "grpo") != "grpo", "train.objective raft/nft (branching trains the GRPO loss)")]
+    for on, what in clash:
+        if on:
+            raise ConfigError(f"sample.branch_steps cannot be combined with {what}")
+    return spec
 
 
 def group_init_noise(config, epoch: int, keys: List[int], sample_shape) -> torch.Tensor:
@@ -99,6 +142,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     unet.eval()
     settings = sampler_settings(config, ctx.pipe.family)
     window = sde_window(config, epoch)
+    tree = branch_spec(config, ctx.pipe.family)
     per_step = config.reward.per_step
     parts, futures = [], []
     with ctx.sampling_policy():  # nft's soft-updated theta_old (swapped in once), else the policy itself
@@ -118,7 +162,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
                 traj = pipeline_with_logprob(
                     unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
                     latents=latents, sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
-                    return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond,
+                    return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond, branch=tree,
                 )
             metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
             futures.append(ctx.rewards.submit(traj.images.cpu(), prompts, metadata, x0_images=None if traj.pred_x0 is None
@@ -140,5 +184,6 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         cond_channels=cat([p[6] for p in parts]),
         reward_futures=futures,
         step_std=parts[0][0].step_std,
+        transitions=parts[0][0].transitions,
     )
 

@@ -103,6 +103,25 @@ def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, pe
     return calls, calls_per_microbatch
 
 
+def cell_training_calls(cells: torch.Tensor, config, epoch: int, inner: int, rank: int,
+                        columns: torch.Tensor = None):
+    """The call plan of branched sampling: list of (sample indices (b,), columns (b, 1)) over the trained cells
+    (cells (N, T) bool, restricted to `columns`), shuffled and cut into calls of train.batch_size rows. One row per
+    transition: the owner leaf of each child (core.branching). Every process has the same number of cells (whole
+    trees of one spec), so the same number of calls."""
+    g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
+    keep = cells.clone()
+    if columns is not None:
+        on = torch.zeros(cells.shape[1], dtype=torch.bool)
+        on[columns] = True
+        keep &= on
+    idx, cols = torch.nonzero(keep, as_tuple=True)
+    perm = torch.randperm(len(idx), generator=g)
+    idx, cols = idx[perm], cols[perm]
+    b = config.train.batch_size
+    return [(idx[lo:lo + b], cols[lo:lo + b, None]) for lo in range(0, len(idx), b)], 1
+
+
 def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
     """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
     reference, zero the gradients. Shared by every objective."""
@@ -135,12 +154,15 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     device = acc.device
     advantages = adv.advantages.to(device)
-    mask = adv.train_mask.to(device)
+    # Branched sampling trains cells (sample, column), each transition once: the mask is (N, T) then.
+    mask = (adv.train_mask if adv.cell_mask is None else adv.cell_mask).to(device)
     clip_high = config.train.clip_range_high if config.train.clip_range_high >= 0 else None
     metrics = EpochMetrics()
     ctx.unet.train()
     per_call = int(config.train.timesteps_per_call)
-    if per_call == 0:  # auto: probed once, kept in the run state (a resumed run must make the same choice)
+    if adv.cell_mask is not None:
+        per_call = 1  # one column per row: a call is train.batch_size cells
+    elif per_call == 0:  # auto: probed once, kept in the run state (a resumed run must make the same choice)
         if not ctx.state.timesteps_per_call:
             probe = torch.tensor(probe_timesteps_per_call(ctx, samples, settings), device=device)
             ctx.state.timesteps_per_call = int(acc.gather(probe.reshape(1)).max())  # every process must agree
@@ -148,8 +170,12 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     first = None  # (idx, cols, step mean, std) of the epoch's first call, under the sampling policy
     untrained = untrained_columns(samples, config) if config.train.get("kl_steps", "trained") == "all" else None
     for inner in range(config.train.num_inner_epochs):
-        calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
-                                       trainable_columns(samples, config))
+        if adv.cell_mask is None:
+            calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
+                                           trainable_columns(samples, config))
+        else:
+            calls, per_mb = cell_training_calls(adv.cell_mask, config, epoch, inner, acc.process_index,
+                                                trainable_columns(samples, config))
         if untrained is not None:  # which untrained step each sample gets: seeded like the call plan
             g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
                                                   .integers(2**62)))
@@ -205,7 +231,7 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
     rows, c, inputs = _call_inputs(ctx, settings, samples, idx, cols)
     old = samples.log_probs[rows, c].to(device)
     a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
-    keep = mask[rows.to(device)]
+    keep = mask[rows.to(device)] if mask.ndim == 1 else mask[rows.to(device), c.to(device)]
     ref_res = None
     if config.train.beta > 0:
         # The reference is swapped into the policy's parameters in place, so its forward must come
@@ -263,8 +289,9 @@ def _call_inputs(ctx, settings, samples, idx, cols):
     S = cols.shape[1]
     rows = idx.repeat_interleave(S)
     c = cols.reshape(-1)
-    x = samples.latents[rows, c].to(device)
-    nxt = samples.latents[rows, c + 1].to(device)
+    src, dst = samples.step_states(c)
+    x = samples.latents[rows, src].to(device)
+    nxt = samples.latents[rows, dst].to(device)
     t = samples.timesteps[c].to(device)
     si = samples.step_indices[c]
     emb = samples.embeds[rows].to(device)

@@ -3,13 +3,18 @@ in the run's own logs: each condition has exactly k samples; in group mode each 
 timestep column for (B, T) rewards) have mean 0 and std 1, or are all 0 where the rewards have zero spread.
 
 What "zero spread" means is the tracker's rule (`stat_tracking.zero_spread`, with the tracker's eps): the
-check calls the same function on the same rewards, so it cannot disagree with the math it checks."""
+check calls the same function on the same rewards, so it cannot disagree with the math it checks.
+
+Branched sampling: each tree's leaves share one condition, and at each split every sibling group has exactly K
+trained cells (one per child), whose advantages have mean 0 / std 1, or are all 0 where the children's values have
+zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching."""
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from ddpo_grpo.core.branching import BranchSpec
 from ddpo_grpo.errors import VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker, zero_spread
 
@@ -18,11 +23,13 @@ STD_TOL = 1e-3
 
 
 def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, rewards: np.ndarray, k: int,
-                  tracker: PerPromptStatTracker) -> Tuple[Dict[str, float], str]:
+                  tracker: PerPromptStatTracker, tree: Optional[BranchSpec] = None,
+                  cells: Optional[np.ndarray] = None) -> Tuple[Dict[str, float], str]:
     """keys (N,), advantages/rewards (N,) or (N, T), mask (N,) bool; tracker: the one that computed the
     advantages (its std_mode, buffer and eps say what must hold). Returns (metrics, printable table); raises
     VerificationError on a violation, naming the condition and column. Advantage statistics are checked only
-    where they are defined per epoch: no history buffer; std 1 only in group std mode."""
+    where they are defined per epoch: no history buffer; std 1 only in group std mode.
+    tree, cells (N, D) bool: branched sampling (advantages (N, D), rewards (N,)), checked per sibling group."""
     uniq, counts = np.unique(keys, return_counts=True)
     bad = uniq[counts != k]
     if len(bad):
@@ -30,6 +37,8 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
             f"group size check failed: conditions {bad[:5].tolist()} have {counts[counts != k][:5].tolist()} "
             f"samples, expected exactly k={k}"
         )
+    if tree is not None:
+        return verify_tree_groups(keys, advantages, cells, mask, rewards, tree, tracker, len(uniq), k)
     adv = advantages if advantages.ndim == 2 else advantages[:, None]
     rew = rewards if rewards.ndim == 2 else rewards[:, None]
     # Per-epoch groups (no history buffer): every mode with a per-group baseline has group mean 0; group std
@@ -95,3 +104,59 @@ def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, checked)
     if len(rows) > 8:
         lines.append(f"  ... {len(rows) - 8} more groups")
     return "\n".join(lines)
+
+
+def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec, tracker, n_conditions: int,
+                       k: int) -> Tuple[Dict[str, float], str]:
+    """The branched check (see the module docstring); keys (N,), advantages (N, D), cells (N, D) bool, mask (N,)
+    bool (trees that take part), rewards (N,)."""
+    N, D, K, L = len(keys), tree.depth, tree.branches, tree.leaves
+    if N % L or advantages.shape != (N, D) or cells.shape != (N, D):
+        raise VerificationError(f"tree check failed: {N} samples, advantages {advantages.shape}, cells {cells.shape} "
+                                f"for trees of {L} leaves and {D} splits")
+    per_tree = keys.reshape(-1, L)
+    split = np.flatnonzero((per_tree != per_tree[:, :1]).any(axis=1))
+    if len(split):
+        raise VerificationError(f"tree check failed: tree {int(split[0])} mixes conditions {np.unique(per_tree[split[0]]).tolist()}")
+    worst_mean = worst_std = 0.0
+    zero_groups = groups = 0
+    lines = []
+    for d in range(D):
+        owner = tree.owners(N, d) & mask
+        stray = np.flatnonzero(~owner & ((advantages[:, d] != 0) | cells[:, d]))
+        if len(stray):
+            raise VerificationError(f"tree check failed: sample {int(stray[0])} column {d} is not its child's owner "
+                                    "(or its tree is excluded) but carries an advantage or is trained")
+        if not np.array_equal(cells[:, d], owner):
+            raise VerificationError(f"tree check failed: column {d}: an owner cell of a valid tree is not trained")
+        values = tree.node_values(np.where(mask, rewards, 0.0), d).reshape(-1, K)  # (parents, K) children's values
+        adv = advantages[tree.owners(N, d), d].astype(np.float64).reshape(-1, K)
+        live_parent = mask[tree.owners(N, d)].reshape(-1, K).all(axis=1)
+        zero = np.array([zero_spread(v[:, None], tracker.eps)[0] for v in values])
+        bad_zero = np.flatnonzero(live_parent & zero & (adv != 0).any(axis=1))
+        if len(bad_zero):
+            raise VerificationError(f"advantage check failed: column {d} sibling group {int(bad_zero[0])}: the children's "
+                                    "values have zero spread but advantages are not 0")
+        live = live_parent & ~zero
+        groups += int(live_parent.sum())
+        zero_groups += int((live_parent & zero).sum())
+        if tracker.std_mode in ("group", "global", "none") and live.any():
+            worst_mean = max(worst_mean, float(np.abs(adv[live].mean(axis=1)).max()))
+        if tracker.std_mode == "group" and live.any():
+            worst_std = max(worst_std, float(np.abs(adv[live].std(axis=1) - 1).max()))
+        lines.append(f"  split {d} (step {tree.steps[d]}): {int(live_parent.sum())} sibling groups x {K}, "
+                     f"{int((live_parent & zero).sum())} with zero spread, {int(cells[:, d].sum())} trained cells")
+    if worst_mean > MEAN_TOL or worst_std > STD_TOL:
+        raise VerificationError(f"advantage check failed: worst sibling-group |mean| = {worst_mean:.2e} (tol {MEAN_TOL}), "
+                                f"|std - 1| = {worst_std:.2e} (tol {STD_TOL})")
+    metrics = {
+        "verify/num_samples": float(N), "verify/num_conditions": float(n_conditions),
+        "verify/samples_per_condition_min": float(k), "verify/samples_per_condition_max": float(k),
+        "verify/adv_group_mean_abs_max": worst_mean, "verify/adv_group_std_err_max": worst_std,
+        "verify/zero_std_columns": float(zero_groups), "verify/trained_samples": float(mask.sum()),
+        "verify/trained_cells": float(cells.sum()),
+    }
+    head = (f"GRPO check (branched): {N} samples = {n_conditions} conditions x k={k} (exact) = {N // L} trees x {L} "
+            f"leaves; sibling-group adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; zero-spread groups "
+            f"{zero_groups}/{groups}")
+    return metrics, "\n".join([head] + lines)
