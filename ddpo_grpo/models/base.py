@@ -17,6 +17,7 @@ Everything else (sampling, training, evaluation, references, checkpoints) sees o
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -134,8 +135,10 @@ class LoadedPipeline:
         return self.adapter.sample_shape(self)
 
     def encode(self, prompts: Sequence[str]) -> torch.Tensor:
-        """The denoiser's condition (B, L, D) for each prompt (module docstring)."""
-        return self.adapter.encode(self, prompts)
+        """The denoiser's condition (B, L, D) for each prompt (module docstring), in the denoiser's dtype: frozen text
+        encoders may run in bf16 (component_dtype), and a condition is stored, doubled for CFG and fed to the float32
+        master weights under autocast like any of the trainer's tensors (the upcast is exact)."""
+        return self.adapter.encode(self, prompts).to(next(self.unet.parameters()).dtype)
 
 
 class ModelAdapter:
@@ -151,6 +154,8 @@ class ModelAdapter:
     fsdp_block_classes: Tuple[str, ...] = ()  # what config/accelerate/fsdp2.yaml wraps, per architecture
 
     def load(self, path: str, torch_dtype: torch.dtype, device, resolution: int = 0) -> LoadedPipeline:
+        """The folder's components on `device`. torch_dtype: the dtype the run computes in (run_dtype); each
+        component loads in component_dtype's choice for it (frozen encoders in torch_dtype, the denoiser in float32)."""
         raise NotImplementedError
 
     def encode(self, pipe: LoadedPipeline, prompts: Sequence[str]) -> torch.Tensor:
@@ -276,6 +281,67 @@ def load_scheduler(path: str, **overrides):
                    shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
     family = family_of_scheduler(cfg.get("_class_name"))
     return family.scheduler_from_config(cfg), family.name
+
+
+# ------------------------------------------------------------------------------------------------ load dtypes
+# VAE classes that diffusers' documentation loads in float32 whatever the pipeline's dtype: Wan's (WanPipeline's
+# example loads AutoencoderKLWan with torch_dtype=torch.float32 next to a bf16 pipeline, and WanPipeline casts the
+# latents to vae.dtype to decode, so the stock pipeline decodes video in float32). 127 M parameters: 0.5 GB.
+FP32_VAE_CLASSES = ("AutoencoderKLWan",)
+DENOISER_DTYPE = torch.float32
+
+
+def run_dtype(mixed_precision: str) -> torch.dtype:
+    """accelerate's mixed_precision ("no", "fp16", "bf16"; "" or None: none) -> the dtype the run computes in."""
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision or "no"), torch.float32)
+
+
+def component_dtype(role: str, torch_dtype: torch.dtype, vae_config: Optional[dict] = None) -> torch.dtype:
+    """The dtype a pipeline component loads in, for a run computing in `torch_dtype` (run_dtype; float32 without
+    mixed precision): the one rule every adapter's load and every real-shape build follows.
+
+    - "denoiser": float32. accelerate's mixed precision autocasts the forward and expects fp32 parameters: they are
+      the master weights AdamW updates (a bf16 weight loses an update smaller than 2^-8 of itself);
+    - "text_encoder": `torch_dtype`. Frozen, run forward only, as diffusers' pipelines run them in the pipeline's
+      dtype; in float32 T5-XXL alone would take 19 GB instead of 9.5;
+    - "vae": `torch_dtype`, as diffusers' pipelines run it, except float32 where diffusers decodes in float32: a VAE
+      class in FP32_VAE_CLASSES (vae_config["_class_name"]), and an fp16 run with a VAE whose config says
+      force_upcast (SDXL's: its decoder overflows fp16; StableDiffusionXLPipeline upcasts it to decode). bf16 has
+      float32's range, so bf16 runs keep such VAEs in bf16, as diffusers does."""
+    if role == "denoiser":
+        return DENOISER_DTYPE
+    if role == "text_encoder":
+        return torch_dtype
+    if role != "vae":
+        raise ValueError(f"role {role!r}: one of 'denoiser', 'text_encoder', 'vae'")
+    cfg = vae_config or {}
+    if cfg.get("_class_name") in FP32_VAE_CLASSES:
+        return torch.float32
+    if torch_dtype == torch.float16 and cfg.get("force_upcast", True):
+        return torch.float32
+    return torch_dtype
+
+
+def folder_vae_dtype(path: str, torch_dtype: torch.dtype, subfolder: str = "vae") -> torch.dtype:
+    """component_dtype("vae", ...) for the VAE config in a model folder (float32 runs: float32, nothing read)."""
+    import json
+
+    if torch_dtype == torch.float32:
+        return torch_dtype
+    with open(os.path.join(path, subfolder, "config.json")) as f:
+        return component_dtype("vae", torch_dtype, json.load(f))
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Modules constructed inside have `dtype` parameters (torch's default dtype, restored on exit): a build never
+    holds a float32 copy of a bf16 component."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def freeze(*modules) -> None:

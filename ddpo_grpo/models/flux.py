@@ -40,8 +40,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, pack_condition, \
-    unpack_condition
+from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+    folder_vae_dtype, freeze, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
 
 EMBEDDED_GUIDANCE = 3.5  # FluxPipeline's default guidance_scale (FLUX.1-dev's recommended value)
@@ -189,14 +189,15 @@ class FluxAdapter(ModelAdapter):
             raise ConfigError(f"pretrained.resolution: {why}")
         kw = dict(local_files_only=True)
 
-        def model(cls, sub):
-            return cls.from_pretrained(path, subfolder=sub, torch_dtype=torch_dtype, **kw).to(device)
+        def model(cls, sub, dtype):
+            return cls.from_pretrained(path, subfolder=sub, torch_dtype=dtype, **kw).to(device)
 
+        text_dtype = component_dtype("text_encoder", torch_dtype)  # T5-XXL: 9.5 GB in bf16, 19 GB in float32
         parts = dict(
-            transformer=model(FluxTransformer2DModel, "transformer"),
-            vae=model(AutoencoderKL, "vae"),
-            text_encoder=model(CLIPTextModel, "text_encoder"),
-            text_encoder_2=model(T5EncoderModel, "text_encoder_2"),
+            transformer=model(FluxTransformer2DModel, "transformer", component_dtype("denoiser", torch_dtype)),
+            vae=model(AutoencoderKL, "vae", folder_vae_dtype(path, torch_dtype)),
+            text_encoder=model(CLIPTextModel, "text_encoder", text_dtype),
+            text_encoder_2=model(T5EncoderModel, "text_encoder_2", text_dtype),
             tokenizer=CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
             tokenizer_2=T5TokenizerFast.from_pretrained(path, subfolder="tokenizer_2", **kw),
             scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
@@ -323,11 +324,12 @@ T5_XXL = dict(vocab_size=32128, d_model=4096, d_ff=10240, d_kv=64, num_layers=24
 
 
 def build_flux_dev_random(resolution: int = 512, torch_dtype: torch.dtype = torch.bfloat16, device="cuda",
-                          seed: int = 0) -> LoadedPipeline:
+                          seed: int = 0, denoiser_dtype: torch.dtype = None) -> LoadedPipeline:
     """FLUX.1-dev's shapes with seeded random weights, as a LoadedPipeline (flow family), for speed and memory
     benchmarks: the 11.9 B-parameter transformer (19 double + 38 single blocks, guidance embedding), CLIP-L, T5-XXL
     (4.8 B) and the 16-channel VAE. Every module is created on `device` directly with `torch_dtype` as the default
-    dtype, so no float32 or CPU copy is ever made ("meta": shapes only). Tokenizers are word-level over the
+    dtype (the transformer with `denoiser_dtype` where given: float32 for training, base.component_dtype), so no
+    extra float32 or CPU copy is ever made ("meta": shapes only). Tokenizers are word-level over the
     toy-world words (real embedding sizes; CLIP 77 tokens, T5 512). What it draws is noise."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
@@ -335,19 +337,15 @@ def build_flux_dev_random(resolution: int = 512, torch_dtype: torch.dtype = torc
     words = _words()
     tok, tok_2 = clip_tokenizer(words, 77), t5_tokenizer(words, T5_MAX_SEQUENCE_LENGTH)
     device = torch.device(device)
-    default = torch.get_default_dtype()
     fork = [device.index or 0] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=fork), device:
-            torch.manual_seed(seed)
-            torch.set_default_dtype(torch_dtype)
-            parts = dict(
-                transformer=FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER),
-                vae=AutoencoderKL(**FLUX_VAE),
-                text_encoder=CLIPTextModel(_clip_config(tok, 49408, 768, 3072, 12, 12, 77)),
-                text_encoder_2=T5EncoderModel(T5Config(**T5_XXL)),
-            )
-    finally:
-        torch.set_default_dtype(default)
+    with torch.random.fork_rng(devices=fork), device:
+        torch.manual_seed(seed)
+        with default_dtype(denoiser_dtype or torch_dtype):
+            parts = dict(transformer=FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER))
+        with default_dtype(component_dtype("vae", torch_dtype, dict(FLUX_VAE, _class_name="AutoencoderKL"))):
+            parts.update(vae=AutoencoderKL(**FLUX_VAE))
+        with default_dtype(component_dtype("text_encoder", torch_dtype)):
+            parts.update(text_encoder=CLIPTextModel(_clip_config(tok, 49408, 768, 3072, 12, 12, 77)),
+                         text_encoder_2=T5EncoderModel(T5Config(**T5_XXL)))
     parts.update(tokenizer=tok, tokenizer_2=tok_2, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER))
     return ADAPTER.wrap(parts, "flux-dev-random", resolution)

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .base import LoadedPipeline, ModelAdapter, freeze, load_scheduler
+from .base import LoadedPipeline, ModelAdapter, component_dtype, folder_vae_dtype, freeze, load_scheduler
 
 
 class SDAdapter(ModelAdapter):
@@ -22,14 +22,16 @@ class SDAdapter(ModelAdapter):
 
         kw = dict(local_files_only=True)
         scheduler, family = load_scheduler(path)
-        unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=torch_dtype, **kw).to(device)
+        unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=component_dtype(
+            "denoiser", torch_dtype), **kw).to(device)
         text_encoder = tokenizer = vae = None
         if os.path.isdir(os.path.join(path, "text_encoder")):
-            text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch_dtype,
-                                                         **kw).to(device)
+            text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=component_dtype(
+                "text_encoder", torch_dtype), **kw).to(device)
             tokenizer = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)
         if os.path.isdir(os.path.join(path, "vae")):
-            vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch_dtype, **kw).to(device)
+            vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=folder_vae_dtype(path, torch_dtype),
+                                                **kw).to(device)
         freeze(unet, text_encoder, vae)
         return LoadedPipeline(unet, text_encoder, tokenizer, scheduler, vae, family, path, adapter=self)
 

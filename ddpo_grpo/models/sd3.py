@@ -23,8 +23,8 @@ from typing import Sequence
 
 import torch
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, load_scheduler, \
-    pack_condition, unpack_condition
+from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+    folder_vae_dtype, freeze, load_scheduler, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
 
 T5_MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default max_sequence_length
@@ -129,16 +129,18 @@ class SD3Adapter(ModelAdapter):
                               f"FlowMatchEulerDiscreteScheduler, this folder's scheduler is {sched_class}")
         kw = dict(local_files_only=True)
         scheduler, family = load_scheduler(path)
-        model = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=torch_dtype,
-                                                      **kw).to(device)
+        text_dtype = component_dtype("text_encoder", torch_dtype)  # T5-XXL: 9.5 GB in bf16, 19 GB in float32
+        model = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=component_dtype(
+            "denoiser", torch_dtype), **kw).to(device)
         parts = dict(
             transformer=model,
-            vae=AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch_dtype, **kw).to(device),
+            vae=AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=folder_vae_dtype(path, torch_dtype),
+                                              **kw).to(device),
             text_encoder=CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder",
-                                                                     torch_dtype=torch_dtype, **kw).to(device),
+                                                                     torch_dtype=text_dtype, **kw).to(device),
             text_encoder_2=CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2",
-                                                                       torch_dtype=torch_dtype, **kw).to(device),
-            text_encoder_3=T5EncoderModel.from_pretrained(path, subfolder="text_encoder_3", torch_dtype=torch_dtype,
+                                                                       torch_dtype=text_dtype, **kw).to(device),
+            text_encoder_3=T5EncoderModel.from_pretrained(path, subfolder="text_encoder_3", torch_dtype=text_dtype,
                                                           **kw).to(device),
             tokenizer=CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
             tokenizer_2=CLIPTokenizer.from_pretrained(path, subfolder="tokenizer_2", **kw),
@@ -268,10 +270,11 @@ T5_XXL = dict(vocab_size=32128, d_model=4096, d_ff=10240, d_kv=64, num_layers=24
 
 
 def build_sd35_medium_random(resolution: int = 512, torch_dtype: torch.dtype = torch.bfloat16, device="cuda",
-                             seed: int = 0) -> LoadedPipeline:
+                             seed: int = 0, denoiser_dtype: torch.dtype = None) -> LoadedPipeline:
     """SD3.5-Medium's shapes with seeded random weights, as a LoadedPipeline (flow family), for speed and memory
     benchmarks: the 2.5 B-parameter MMDiT, CLIP-L, CLIP-G (bigG), T5-XXL (4.8 B) and the 16-channel VAE. Every module
-    is created on `device` directly with `torch_dtype` as the default dtype, so no float32 or CPU copy is ever made.
+    is created on `device` directly with `torch_dtype` as the default dtype (the transformer with `denoiser_dtype`
+    where given: float32 for training, base.component_dtype), so no extra float32 or CPU copy is ever made.
     Tokenizers are word-level over the toy-world words (real embedding sizes; CLIP 77 tokens, T5 256). What it
     draws is noise."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
@@ -281,22 +284,20 @@ def build_sd35_medium_random(resolution: int = 512, torch_dtype: torch.dtype = t
     tok, tok_2 = clip_tokenizer(words, 77), clip_tokenizer(words, 77)
     tok_3 = t5_tokenizer(words, 512)
     device = torch.device(device)
-    default = torch.get_default_dtype()
     fork = [device.index or 0] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=fork), device:
-            torch.manual_seed(seed)
-            torch.set_default_dtype(torch_dtype)
-            parts = dict(
-                transformer=SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER),
-                vae=AutoencoderKL(**SD3_VAE),
+    with torch.random.fork_rng(devices=fork), device:
+        torch.manual_seed(seed)
+        with default_dtype(denoiser_dtype or torch_dtype):
+            parts = dict(transformer=SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER))
+        with default_dtype(component_dtype("vae", torch_dtype, dict(SD3_VAE, _class_name="AutoencoderKL"))):
+            parts.update(vae=AutoencoderKL(**SD3_VAE))
+        with default_dtype(component_dtype("text_encoder", torch_dtype)):
+            parts.update(
                 text_encoder=CLIPTextModelWithProjection(_clip_config(tok, 49408, 768, 3072, 12, 12, 768, 77)),
                 text_encoder_2=CLIPTextModelWithProjection(
                     _clip_config(tok_2, 49408, 1280, 5120, 32, 20, 1280, 77, "gelu")),
                 text_encoder_3=T5EncoderModel(T5Config(**T5_XXL)),
             )
-    finally:
-        torch.set_default_dtype(default)
     parts.update(tokenizer=tok, tokenizer_2=tok_2, tokenizer_3=tok_3,
                  scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0))
     return ADAPTER.wrap(parts, "flow", "sd35-medium-random", resolution)

@@ -26,7 +26,8 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, freeze, load_scheduler, unpack_condition
+from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+    folder_vae_dtype, freeze, load_scheduler, unpack_condition
 from .tiny import clip_tokenizer
 
 NUM_TIME_IDS = 6  # original (h, w), crop top-left (y, x), target (h, w)
@@ -75,10 +76,13 @@ class SDXLAdapter(ModelAdapter):
         if why:
             raise ConfigError(f"pretrained.resolution: {why}")
         scheduler, family = load_scheduler(path)
-        unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=torch_dtype, **kw).to(device)
-        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch_dtype, **kw).to(device)
-        te = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch_dtype, **kw).to(device)
-        te2 = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2", torch_dtype=torch_dtype,
+        text_dtype = component_dtype("text_encoder", torch_dtype)
+        unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=component_dtype(
+            "denoiser", torch_dtype), **kw).to(device)
+        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=folder_vae_dtype(path, torch_dtype),
+                                            **kw).to(device)
+        te = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=text_dtype, **kw).to(device)
+        te2 = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2", torch_dtype=text_dtype,
                                                           **kw).to(device)
         tok = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)
         tok2 = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer_2", **kw)
@@ -265,11 +269,12 @@ def sdxl_text_configs(tokenizer):
 
 
 def build_sdxl_random(resolution: int = SDXL_RESOLUTION, torch_dtype: torch.dtype = torch.bfloat16,
-                      device="cpu") -> LoadedPipeline:
+                      device="cpu", denoiser_dtype: torch.dtype = None) -> LoadedPipeline:
     """The SDXL base-shaped pipeline with seeded random weights, as a LoadedPipeline (family "ddim"): UNet 2.57 B,
     text encoders 123 M + 695 M, VAE 84 M parameters; images of `resolution` pixels (a multiple of 32: the VAE divides
     by 8, the UNet halves twice). Every module is created directly on `device` in `torch_dtype` (the default
-    dtype while building), so building one never holds a float32 copy; device="meta" gives the shapes alone. The
+    dtype while building; the UNet in `denoiser_dtype` where given: float32 for training, base.component_dtype), so
+    building one never holds a float32 copy of a bf16 module; device="meta" gives the shapes alone. The
     tokenizer is one token per toy-world word (the real 49408-token BPE needs its files), padded to 77 tokens."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
@@ -283,16 +288,15 @@ def build_sdxl_random(resolution: int = SDXL_RESOLUTION, torch_dtype: torch.dtyp
     tok = clip_tokenizer(list(vocabulary()) + list(TINY_WORDS), SDXL_TOKENS)
     cfg1, cfg2 = sdxl_text_configs(tok)
     fork = [device.index or 0] if device.type == "cuda" else []
-    old = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(torch_dtype)
-        with torch.random.fork_rng(devices=fork), device:
-            torch.manual_seed(0)
+    vae_config = sdxl_vae_config(resolution)
+    with torch.random.fork_rng(devices=fork), device:
+        torch.manual_seed(0)
+        with default_dtype(denoiser_dtype or torch_dtype):
             unet = UNet2DConditionModel(**sdxl_unet_config(resolution // 8))
+        with default_dtype(component_dtype("text_encoder", torch_dtype)):
             te = CLIPTextModel(cfg1)
             te2 = CLIPTextModelWithProjection(cfg2)
-            vae = AutoencoderKL(**sdxl_vae_config(resolution))
-    finally:
-        torch.set_default_dtype(old)
+        with default_dtype(component_dtype("vae", torch_dtype, dict(vae_config, _class_name="AutoencoderKL"))):
+            vae = AutoencoderKL(**vae_config)
     scheduler = DDIMScheduler.from_config(sdxl_scheduler_config())
     return ADAPTER.assemble(unet, vae, te, te2, tok, tok, scheduler, "ddim", "sdxl-random", True, resolution)

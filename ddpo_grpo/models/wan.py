@@ -29,7 +29,7 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .base import LoadedPipeline, ModelAdapter, freeze, load_scheduler
+from .base import LoadedPipeline, ModelAdapter, component_dtype, default_dtype, folder_vae_dtype, freeze, load_scheduler
 
 COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
@@ -104,12 +104,16 @@ class WanAdapter(ModelAdapter):
                               "use_flow_sigmas, not FlowMatchEulerDiscreteScheduler); Wan trains with the flow family")
         kw = dict(local_files_only=True)
         parts = dict(
-            transformer=WanTransformer3DModel.from_pretrained(path, subfolder="transformer", torch_dtype=torch_dtype,
-                                                              **kw).to(device),
-            text_encoder=UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch_dtype,
-                                                          **kw).to(device),
+            transformer=WanTransformer3DModel.from_pretrained(path, subfolder="transformer", torch_dtype=component_dtype(
+                "denoiser", torch_dtype), **kw).to(device),
+            # UMT5-XXL: 11 GB in bf16, 23 GB in float32
+            text_encoder=UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=component_dtype(
+                "text_encoder", torch_dtype), **kw).to(device),
             tokenizer=AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
-            vae=AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch_dtype, **kw).to(device),
+            # float32, as diffusers' WanPipeline example loads it (base.FP32_VAE_CLASSES). The trainer decodes inside
+            # accelerate's autocast (core.pipeline_with_logprob.decode), so its convolutions still run in bf16 there.
+            vae=AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=folder_vae_dtype(path, torch_dtype),
+                                                 **kw).to(device),
             scheduler=scheduler,
         )
         return self.wrap(parts, family, path, resolution, num_frames)
@@ -232,11 +236,12 @@ UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers
 
 
 def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtype: torch.dtype = torch.bfloat16,
-                            device="cuda", seed: int = 0) -> LoadedPipeline:
+                            device="cuda", seed: int = 0, denoiser_dtype: torch.dtype = None) -> LoadedPipeline:
     """Wan 2.1 T2V 1.3B's shapes with seeded random weights, as a LoadedPipeline (flow family, shift 3), for speed and
     memory benchmarks: the 1.4 B-parameter WanTransformer3DModel, UMT5-XXL's encoder (5.7 B) and the Wan VAE. Every
-    module is created on `device` directly with `torch_dtype` as the default dtype, so no float32 or CPU copy is ever
-    made. The tokenizer is word-level over the toy-world words (the real 256384-row embedding; prompts padded to 512
+    module is created on `device` directly in its dtype (text encoder: `torch_dtype`; transformer: `denoiser_dtype`
+    where given, float32 for training; VAE: base.component_dtype's, float32 for Wan's), so no extra float32 or CPU copy
+    is ever made. The tokenizer is word-level over the toy-world words (the real 256384-row embedding; prompts padded to 512
     tokens as WanPipeline does). resolution 0 / num_frames 0: 480x832 px, 81 frames. What it draws is noise."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -246,16 +251,14 @@ def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtyp
         raise ValueError(why)
     tok = build_umt5_tokenizer()
     device = torch.device(device)
-    default = torch.get_default_dtype()
     fork = [device.index or 0] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=fork), device:
-            torch.manual_seed(seed)
-            torch.set_default_dtype(torch_dtype)
-            parts = dict(transformer=WanTransformer3DModel(**WAN21_1_3B_TRANSFORMER),
-                         text_encoder=UMT5EncoderModel(UMT5Config(**UMT5_XXL)),
-                         vae=AutoencoderKLWan(**WAN21_VAE))
-    finally:
-        torch.set_default_dtype(default)
+    with torch.random.fork_rng(devices=fork), device:
+        torch.manual_seed(seed)
+        with default_dtype(denoiser_dtype or torch_dtype):
+            parts = dict(transformer=WanTransformer3DModel(**WAN21_1_3B_TRANSFORMER))
+        with default_dtype(component_dtype("text_encoder", torch_dtype)):
+            parts.update(text_encoder=UMT5EncoderModel(UMT5Config(**UMT5_XXL)))
+        with default_dtype(component_dtype("vae", torch_dtype, {"_class_name": "AutoencoderKLWan"})):
+            parts.update(vae=AutoencoderKLWan(**WAN21_VAE))
     parts.update(tokenizer=tok, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0))
     return ADAPTER.wrap(parts, "flow", "wan21-1.3b-random", resolution, num_frames)

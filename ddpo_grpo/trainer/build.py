@@ -284,7 +284,14 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
     from .supervised import SupervisedLoss
 
-    pipe = load_pipeline(config.pretrained.model, device=accelerator.device, resolution=config.pretrained.resolution)
+    from ddpo_grpo.models import BUILT
+    from ddpo_grpo.models.base import run_dtype
+
+    # Load dtype: the run's compute dtype; the adapters load frozen encoders in it and the denoiser in float32
+    # (models.base.component_dtype). A built model (sd15-random) casts every module to the dtype given, its UNet too.
+    dtype = torch.float32 if config.pretrained.model in BUILT else run_dtype(accelerator.mixed_precision)
+    pipe = load_pipeline(config.pretrained.model, torch_dtype=dtype, device=accelerator.device,
+                         resolution=config.pretrained.resolution)
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
     unet = pipe.unet
     optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules)
