@@ -55,11 +55,17 @@ def unpack_condition(cond: torch.Tensor, sizes: Sequence[int]) -> Tuple[torch.Te
     return cond[:, :-rows], out
 
 
+@dataclass(eq=False)
 class DenoiserOutput:
-    """What diffusers' models return: the prediction as `.sample`."""
+    """What diffusers' models return: the prediction as `.sample`.
 
-    def __init__(self, sample: torch.Tensor):
-        self.sample = sample
+    A dataclass, like diffusers' BaseOutput, because FSDP2 finds the output tensors of a sharded module's forward
+    (torch.distributed.utils._apply_to_tensors) only in tensors, dataclasses, dicts, lists and tuples: inside a plain
+    object it registers no pre-backward hook, so the root group (a PackedDenoiser: SD3's proj_out, norm_out, ...)
+    is never all-gathered again for backward and autograd reads its freed storage ("setStorage: ... storage of size
+    0"). eq=False: outputs compare by identity, as before (a field-wise == of tensors means nothing)."""
+
+    sample: torch.Tensor
 
 
 class PackedDenoiser(torch.nn.Module):
