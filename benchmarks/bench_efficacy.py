@@ -25,18 +25,23 @@ def eval_metric(entry: Dict, metric: str) -> Optional[float]:
 
 
 def curve(history: List[Dict], metric: str, final_eval: Optional[Dict] = None) -> List[Dict]:
-    """Eval points against cumulative samples and wall seconds (without eval) trained *before* each eval: the
-    trainer evaluates at the start of an epoch, and once more after the last one (`final_eval`)."""
+    """Eval points against cumulative samples, denoiser evaluations (NFEs: sampling and training rows, CFG counted
+    twice; a branched tree's shared trunk once) and wall seconds (without eval) trained *before* each eval: the
+    trainer evaluates at the start of an epoch, and once more after the last one (`final_eval`). Histories written
+    before NFEs were logged give nfe None."""
     pts, samples, wall = [], 0, 0.0
+    nfe = 0.0 if all("nfe_per_sample" in h for h in history) else None
     for h in history:
         if "eval_reward_mean" in h:
-            pts.append({"epoch": h["epoch"], "samples": samples, "wall_s": wall, "metric": eval_metric(h, metric),
-                        "eval_reward_mean": h.get("eval_reward_mean")})
+            pts.append({"epoch": h["epoch"], "samples": samples, "nfe": nfe, "wall_s": wall,
+                        "metric": eval_metric(h, metric), "eval_reward_mean": h.get("eval_reward_mean")})
         samples += h["samples"]
+        if nfe is not None:
+            nfe += h["samples"] * sum(h["nfe_per_sample"].get(k, 0.0) for k in ("sampling", "training"))
         wall += h["time"] - h["phases"].get("eval", 0.0)
     if final_eval:
-        pts.append({"epoch": len(history), "samples": samples, "wall_s": wall, "metric": final_eval.get(metric),
-                    "eval_reward_mean": final_eval.get("eval/reward_mean")})
+        pts.append({"epoch": len(history), "samples": samples, "nfe": nfe, "wall_s": wall,
+                    "metric": final_eval.get(metric), "eval_reward_mean": final_eval.get("eval/reward_mean")})
     return pts
 
 

@@ -52,21 +52,26 @@ def plot_speed(result: Dict, path: str) -> Optional[str]:
 
 
 def plot_efficacy(eff: Dict, path: str) -> Optional[str]:
-    """Efficacy curves: the eval metric against cumulative samples and against wall seconds, one line per config."""
+    """Efficacy curves: the eval metric against cumulative samples, denoiser evaluations and wall seconds, one line
+    per config."""
     plt = _pyplot()
     if plt is None:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for label, e in eff["runs"].items():
         if not e.get("curve"):
             continue
         pts = [p for p in e["curve"] if p["metric"] is not None]
         xs, ws, ys = [p["samples"] for p in pts], [p["wall_s"] for p in pts], [p["metric"] for p in pts]
+        ns = [p.get("nfe") for p in pts]
         if e.get("start") is not None:
-            xs, ws, ys = [0] + xs, [0.0] + ws, [e["start"]] + ys
+            xs, ws, ys, ns = [0] + xs, [0.0] + ws, [e["start"]] + ys, [0.0] + ns
         axes[0].plot(xs, ys, marker="o", label=label)
-        axes[1].plot(ws, ys, marker="o", label=label)
-    for ax, xl in zip(axes, ("cumulative samples", "cumulative wall seconds (without eval)")):
+        if None not in ns:  # runs from before NFEs were logged have no NFE curve
+            axes[1].plot(ns, ys, marker="o", label=label)
+        axes[2].plot(ws, ys, marker="o", label=label)
+    for ax, xl in zip(axes, ("cumulative samples", "cumulative denoiser evaluations (sampling + training)",
+                             "cumulative wall seconds (without eval)")):
         if eff.get("target") is not None:
             ax.axhline(eff["target"], color="gray", ls="--", lw=1, label=f"target {eff['target']:.3f}")
         ax.set_xlabel(xl)

@@ -97,12 +97,14 @@ def report(result: Dict) -> str:
         for label, e in eff["runs"].items():
             f4 = lambda v: fmt(v, ".4f")  # noqa: E731
             if e.get("start") is not None:
-                rows.append([label, "pretrained", 0, 0.0, f4(e["start"]), f4(e.get("start_eval_reward_mean"))])
+                rows.append([label, "pretrained", 0, 0, 0.0, f4(e["start"]), f4(e.get("start_eval_reward_mean"))])
             for p in e.get("curve", []):
-                rows.append([label, p["epoch"], p["samples"], p["wall_s"], f4(p["metric"]), f4(p["eval_reward_mean"])])
+                nfe = p.get("nfe")
+                rows.append([label, p["epoch"], p["samples"], None if nfe is None else int(round(nfe)), p["wall_s"],
+                             f4(p["metric"]), f4(p["eval_reward_mean"])])
             if "error" in e:
-                rows.append([label, "FAILED", None, None, None, None])
-        out.append(table(["config", "epoch", "cum. samples", "cum. wall s (no eval)", eff["metric"],
+                rows.append([label, "FAILED", None, None, None, None, None])
+        out.append(table(["config", "epoch", "cum. samples", "cum. NFEs", "cum. wall s (no eval)", eff["metric"],
                           "eval reward"], rows))
         if eff.get("target") is not None:
             out.append(f"\ntarget {eff['target']:.4f} (start {fmt(eff['start'], '.4f')}):\n")

@@ -112,16 +112,19 @@ def test_efficacy_from_run_folders(tmp_path):
 
     bench = load_bench()
 
-    def epoch(e, samples, ev=None):
+    def epoch(e, samples, ev=None, nfe=None):
         h = {"epoch": e, "reward_mean": 0.5, "time": 10.0 + (3.0 if ev is not None else 0.0),
              "phases": {"eval": 3.0} if ev is not None else {}, "samples": samples}
+        if nfe is not None:
+            h["nfe_per_sample"] = nfe
         if ev is not None:
             h.update({"eval_reward_mean": ev, "eval/toyworld/strict_accuracy": ev, "eval/pass_at_1_stochastic": ev + 0.125})
         return h
 
     done = tmp_path / "done"
     done.mkdir()
-    hist = [epoch(0, 64, 0.25), epoch(1, 64), epoch(2, 64, 0.5), epoch(3, 64)]
+    nfe = {"sampling": 10.0, "training": 2.5, "eval": 7.0}  # eval rows are not the training cost
+    hist = [epoch(0, 64, 0.25, nfe), epoch(1, 64, None, nfe), epoch(2, 64, 0.5, nfe), epoch(3, 64, None, nfe)]
     final = {"eval/reward_mean": 0.75, "eval/toyworld/strict_accuracy": 0.75, "eval/pass_at_1_stochastic": 0.875}
     (done / "summary.json").write_text(json.dumps({"seconds": 1.0, "history": hist, "final_eval": final}))
     going = tmp_path / "going"
@@ -137,6 +140,8 @@ def test_efficacy_from_run_folders(tmp_path):
     d, g = eff["runs"]["done"], eff["runs"]["going"]
     assert [(p["epoch"], p["samples"], p["metric"]) for p in d["curve"]] == [(0, 0, 0.25), (2, 128, 0.5), (4, 256, 0.75)]
     assert [p["wall_s"] for p in d["curve"]] == [0.0, 20.0, 40.0]  # eval seconds left out
+    assert [p["nfe"] for p in d["curve"]] == [0.0, 128 * 12.5, 256 * 12.5]  # (sampling + training) rows per sample
+    assert [p["nfe"] for p in g["curve"]] == [None, None]  # a history from before NFEs were logged
     assert [(p["epoch"], p["samples"], p["metric"]) for p in g["curve"]] == [(0, 0, 0.375), (2, 64, 0.4375)]
     assert g["source"].endswith("checkpoint_00004/custom_checkpoint_0.pkl")
     assert eff["start"] == 0.25 and eff["target"] == 0.5  # 0.25 + (0.75 - 0.25) / 2

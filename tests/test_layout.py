@@ -8,7 +8,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = ("common", "ddim_with_logprob", "sde_with_logprob", "policy_step", "pipeline_with_logprob", "stat_tracking",
-        "loss", "reference", "forward_loss", "families")
+        "loss", "reference", "forward_loss", "families", "branching")
 
 
 def run_py(code: str) -> subprocess.CompletedProcess:
