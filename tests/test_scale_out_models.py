@@ -95,3 +95,21 @@ def test_fsdp2_trains_the_same_weights_as_ddp(runs):
     # weight FSDP2 did not train, or trained with another gradient's sign, is off by lr or more.
     diff = max((wf[k] - wd[k]).abs().max().item() for k in wf)
     assert diff < 1e-5, diff
+
+
+def test_fsdp2_sees_the_tensor_in_every_wrappers_output():
+    """SDXL's and FLUX's wrappers return the same DenoiserOutput as SD3's (both stopped in the first FSDP2 backward
+    while it was a plain object, checked by hand): FSDP2's own output walk must find the tensor in it, or the root
+    group gets no pre-backward all-gather."""
+    import torch
+    from torch.distributed.utils import _apply_to_tensors
+
+    from ddpo_grpo.models import flux, sd3, sdxl
+    from ddpo_grpo.models.base import DenoiserOutput
+
+    assert sd3.DenoiserOutput is sdxl.DenoiserOutput is flux.DenoiserOutput is DenoiserOutput
+    x = torch.ones(2, 3, requires_grad=True)
+    seen = []
+    out = _apply_to_tensors(lambda t: seen.append(t) or t * 2, DenoiserOutput(x))
+    assert len(seen) == 1 and seen[0] is x
+    assert type(out) is DenoiserOutput and torch.equal(out.sample, x * 2)  # rebuilt around what the hook returns
