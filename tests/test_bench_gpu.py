@@ -1,8 +1,15 @@
-"""scripts/bench_gpu.py without a GPU: the plan of a dry run, and one-line refusals (exit 2). CUDA is hidden from
-the child so that the refusal is tested on GPU machines too. (A CPU run of one point takes ~2 min: two SD-sized
-model builds and four epochs; it was run by hand, see the README.)"""
+"""scripts/bench_gpu.py without a GPU: the plan of a dry run (every model's config validated), one-line refusals
+(exit 2), the FLOPs per row it counts on meta-device builds against the models' shapes, and one benchmark point of
+a registered build run end to end on CPU with a tiny SD3. CUDA is hidden from the children so that the refusals are
+tested on GPU machines too. (A CPU run of an sd15-random point takes ~2 min: two SD-sized model builds and four
+epochs; it was run by hand, see docs/performance.md.)"""
+import importlib.util
+import math
 import os
 import sys
+
+import pytest
+import torch
 
 from helpers import run_side_by_side
 
@@ -17,7 +24,13 @@ def bench(*arg_lists):
 
 
 def test_dry_run_plans_the_grid_and_validates_every_config():
-    p, p2 = bench(["--dry-run"], ["--dry-run", "--batch-sizes", "8", "--cfg", "on", "--modes", "full", "--switches", "all"])
+    p, p2, p3 = bench(["--dry-run"], ["--dry-run", "--batch-sizes", "8", "--cfg", "on", "--modes", "full", "--switches",
+                                      "all"], ["--dry-run", "--all-models"])
+    # one point per model at its named config's batch and CFG (FLUX.1-dev: embedded guidance, no CFG), each validated
+    assert p3.returncode == 0, p3.stderr[-2000:]
+    assert p3.stdout.strip().splitlines()[-1] == (
+        "plan: 5 points on cpu: sd15-random/lora/B8/cfg-on/none, sdxl-random/lora/B4/cfg-on/none, "
+        "sd35-medium-random/lora/B8/cfg-on/none, flux-dev-random/lora/B8/cfg-off/none, wan21-1.3b-random/lora/B2/cfg-on/none")
     assert p.returncode == 0, p.stderr[-2000:]
     # 2 modes x 3 batch sizes x CFG off/on, no switches
     assert "plan: 12 points on cpu at 512 px: lora/B4/cfg-off/none, lora/B4/cfg-on/none, lora/B8/cfg-off/none" in p.stdout
@@ -35,8 +48,129 @@ def test_refusals_are_one_line_exit_2():
         (("--dry-run", "--switches", "fast"), "error: --switches: unknown fast"),
         (("--dry-run", "--modes", "qlora"), "error: --modes 'qlora': choose from lora, full"),
         (("--dry-run", "--resolution", "100"), "error: B=4 cfg=False lora none: pretrained.resolution: resolution 100"),
+        (("--dry-run", "--model", "sdxl"), "error: --model 'sdxl': choose one of sd15-random, sdxl-random, "),
+        (("--allow-cpu", "--model", "flux-dev-random"), "error: flux-dev-random on CPU: the real-shape builds"),
     ]
     for (args, start), p in zip(cases, bench(*(args for args, _ in cases))):
         assert p.returncode == 2, (args, p.stderr[-2000:])
         assert p.stderr.strip().splitlines()[-1].startswith(start), (args, p.stderr[-500:])
         assert "Traceback" not in p.stderr
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", os.path.join(ROOT, "scripts", "bench_gpu.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def args_for(bench_gpu, **kw):
+    args = bench_gpu.parse(["--dry-run"] + [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+    args.device = "cpu"
+    return args
+
+
+def linear_conv_flops(module, run) -> int:
+    """2 x rows x in x out per nn.Linear call and 2 x output elements x (in / groups) x kernel per convolution, from the
+    modules' shapes, by forward hooks: an independent count of what is not attention."""
+    total = []
+    hooks = [m.register_forward_hook(lambda m, i, o: total.append(2 * i[0].numel() * m.out_features))
+             for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    hooks += [m.register_forward_hook(lambda m, i, o: total.append(
+        2 * o.numel() * m.in_channels // m.groups * math.prod(m.kernel_size)))
+        for m in module.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+    try:
+        run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return sum(total)
+
+
+def attention(q_tokens, kv_tokens, width) -> int:
+    """QK^T and AV of one attention layer: 2 x 2 x Lq x Lkv x width FLOPs."""
+    return 4 * q_tokens * kv_tokens * width
+
+
+# model -> (denoiser parameters, attention FLOPs per forward row at its config's shapes: the published layouts)
+WAN_TOKENS = 9 * 30 * 52  # 33 frames -> 9 latent frames, 480 x 832 px -> 60 x 104 latents, 1x2x2 patches
+REAL = {
+    "sdxl-random": (2_567_463_684,  # 10 transformer layers at 64x64 tokens (640 wide), 60 at 32x32 (1280), CLIP 77
+                    10 * (attention(4096, 4096, 640) + attention(4096, 77, 640))
+                    + 60 * (attention(1024, 1024, 1280) + attention(1024, 77, 1280))),
+    "sd35-medium-random": (2_243_171_520,  # 24 joint layers over 32x32 + 77 + 256 tokens, 13 dual image-only ones
+                           24 * attention(1357, 1357, 1536) + 13 * attention(1024, 1024, 1536)),
+    "flux-dev-random": (11_901_408_320, 57 * attention(1024 + 512, 1024 + 512, 3072)),  # 19 double + 38 single
+    "wan21-1.3b-random": (1_418_996_800,  # 30 blocks: self-attention and cross-attention to 512 UMT5 tokens
+                          30 * (attention(WAN_TOKENS, WAN_TOKENS, 1536) + attention(WAN_TOKENS, 512, 1536))),
+}
+
+
+@pytest.mark.parametrize("model", list(REAL))
+def test_flops_per_row_are_the_layers_and_the_attention_of_the_real_shapes(model):
+    """count_flops (torch's flop counter on a meta-device build at the config's shapes) = the Linear and convolution
+    FLOPs of the modules' shapes + the closed-form attention FLOPs of the published layout, and the denoiser has the
+    published parameter count."""
+    bench_gpu = load_bench()
+    config = bench_gpu.point_config(args_for(bench_gpu), model, *bench_gpu.defaults(args_for(bench_gpu), model)[0][:1],
+                                    True, "lora", {})
+    counted = bench_gpu.count_flops(model, config, train=False)
+    params, attn = REAL[model]
+    assert counted["denoiser_params"] == params
+    pipe = bench_gpu.build(model, int(config.pretrained.resolution), "meta", torch.float32)
+    pipe.adapter.configure(pipe, config)
+    x, t, cond = bench_gpu.denoiser_inputs(pipe)
+    with torch.no_grad():
+        layers = linear_conv_flops(pipe.unet, lambda: pipe.unet(x, t, encoder_hidden_states=cond))
+    assert counted["flops_fwd_row"] == pytest.approx(layers + attn, rel=1e-9)
+
+
+def test_lora_training_flops_are_input_gradients_plus_attention_backward():
+    """A LoRA training row: the forward, the input gradient of every frozen layer (as much again) and attention's
+    backward (twice its forward, both operands are activations); the adapters add under 1 %."""
+    bench_gpu = load_bench()
+    model = "sd35-medium-random"
+    config = bench_gpu.point_config(args_for(bench_gpu), model, 8, True, "lora", {})
+    counted = bench_gpu.count_flops(model, config)
+    attn = REAL[model][1]
+    layers = counted["flops_fwd_row"] - attn
+    assert 2 * layers + 3 * attn < counted["flops_train_row"] < 1.01 * (2 * layers + 3 * attn)
+
+
+def build_sd3_tiny(device="cpu", torch_dtype=torch.float32, denoiser_dtype=None, resolution=0):
+    """A real-shape builder's signature over the tiny SD3 (for the CPU run of a registered build)."""
+    from ddpo_grpo.models.sd3 import ADAPTER, tiny_parts
+
+    parts = tiny_parts()
+    for name, part in parts.items():
+        if isinstance(part, torch.nn.Module):
+            dtype = (denoiser_dtype or torch_dtype) if name == "transformer" else torch_dtype
+            parts[name] = part.to(device) if dtype == torch.float32 else part.to(device=device, dtype=dtype)
+    return ADAPTER.wrap(parts, "flow", "sd3-tiny-built", resolution)
+
+
+def test_a_registered_build_runs_one_point_end_to_end_on_cpu(monkeypatch):
+    """The path a real-shape build takes on the GPU, with the tiny SD3 in its place: registered as a built model, loaded
+    by the trainer through load_pipeline, one warm-up and one timed epoch, FLOPs counted on its meta build, the rows
+    of the epoch's calls, one table row."""
+    import ddpo_grpo.models as models
+
+    bench_gpu = load_bench()
+    monkeypatch.setattr(models, "load_pipeline", models.load_pipeline)  # restored after the test, as BUILT
+    monkeypatch.setattr(models, "BUILT", dict(models.BUILT))
+    monkeypatch.setitem(bench_gpu.MODELS, "sd3-tiny-built", ("sd3_tiny", "test_bench_gpu:build_sd3_tiny", "flow"))
+    bench_gpu.register_builds("no")
+    assert models.BUILT["sd3-tiny-built"] == "flow" and models.BUILT["flux-dev-random"] == "flow"
+    args = args_for(bench_gpu, model="sd3-tiny-built", num_steps=3, num_batches=1, out="unused")
+    args.dry_run = False
+    row = bench_gpu.measure_point(args, "sd3-tiny-built", 4, True, "lora", "none")
+    assert "error" not in row, row.get("error")
+    tr = row["trainer"]
+    assert tr["samples"] == 4 and tr["sampling_rows"] == 1 * 3 * 4 * 2  # batches x steps x B, CFG doubled
+    # 2 of the 3 steps per sample: the last one's std (0.006) is under train.min_step_std (0.02); CFG trained: x 2
+    assert tr["train_sample_steps"] == 4 * 2 and tr["train_rows"] == 2 * 4 * 2
+    assert row["denoiser_params"] == sum(p.numel() for p in build_sd3_tiny().components["transformer"].parameters())
+    assert row["flops_train_row"] > 2 * row["flops_fwd_row"] > 0 and row["peak_mem_mb"] is None
+    assert row["mfu_sampling"] == pytest.approx(row["flops_fwd_row"] * 24 / (tr["samples"] / row["samples_per_s"])
+                                                / 989e12)
+    assert bench_gpu.table([row]).splitlines()[2].startswith("| sd3-tiny-built | lora | 4 | on | none | native |")
