@@ -146,6 +146,10 @@ def test_engine_guards(monkeypatch):
         check_engine(cfg)
     monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", str(want))
     check_engine(cfg)
+    # branched sampling: one call per micro-batch whatever timesteps_per_call / min_step_std say
+    tree = _cfg(timesteps_per_call=0, min_step_std=0.3, gradient_accumulation_steps=3)
+    tree.sample.branch_steps = (0, 1)
+    assert backward_calls_per_step(tree) == 3
 
 
 def test_deepspeed_launch_with_reference_is_refused_at_start(tmp_path):

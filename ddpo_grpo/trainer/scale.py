@@ -35,9 +35,14 @@ def backward_calls_per_step(config):
     """Backward calls the trainer makes per optimizer step, when fixed by the config (else None): each sample
     trains round(T * timestep_fraction) steps, timesteps_per_call of them per call, train.gradient_accumulation_steps
     micro-batches per step. Unknown with the auto probe (timesteps_per_call = 0) or min_step_std (columns chosen
-    from the sampled stds), and for the forward objectives."""
+    from the sampled stds), and for the forward objectives. Branched sampling (training.cell_training_calls) makes
+    one call per micro-batch."""
     t, s = config.train, config.sample
-    if int(t.timesteps_per_call) <= 0 or t.min_step_std > 0 or t.get("objective", "grpo") != "grpo":
+    if t.get("objective", "grpo") != "grpo":
+        return None
+    if s.get("branch_steps", ()):  # branched sampling: one cell per row, so every call is one micro-batch
+        return int(t.gradient_accumulation_steps)
+    if int(t.timesteps_per_call) <= 0 or t.min_step_std > 0:
         return None
     T = int(s.sde_window_size) or int(s.num_steps)
     T_train = steps_per_sample(T, config)
