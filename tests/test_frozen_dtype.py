@@ -113,3 +113,24 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
         assert images.dtype == FP32 and images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()
     finally:
         ctx.rewards.executor.shutdown(wait=False)
+
+
+def test_wan_vae_decodes_in_float32_under_bf16_autocast(loaded):
+    """Wan's VAE is kept in float32 (as WanPipeline's example loads it) and decode runs it outside the trainer's bf16
+    autocast, in its own dtype, as WanPipeline decodes: the frames equal a float32 decode without autocast, bit for
+    bit. The same VAE called under the autocast runs its convolutions in bf16 and gives other frames: what the
+    decode keeps out."""
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+
+    pipe = loaded["wan-tiny"][1]  # the bf16 run's pipeline: the VAE is its float32 one
+    assert dtypes(pipe.vae) == {FP32}
+    latents = torch.randn(2, *pipe.sample_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = decode(pipe.vae, latents)
+        with torch.autocast("cpu", dtype=BF16):
+            got = decode(pipe.vae, latents)
+            leaked = pipe.vae.decode(latents, return_dict=False)[0]
+        plain = pipe.vae.decode(latents, return_dict=False)[0]
+    assert got.dtype == FP32 and got.shape == (2, 5, 3, 32, 32) and torch.isfinite(got).all()
+    assert torch.equal(got, ref)
+    assert leaked.dtype == BF16 and not torch.equal(leaked.float(), plain)  # the autocast would have reached the VAE

@@ -58,14 +58,25 @@ def decode(vae, latents: torch.Tensor) -> torch.Tensor:
     """Latents (B, C, H, W) -> images in [0, 1] float32 (B, 3, H', W'); pixel models decode x in [-1, 1].
     As diffusers' pipelines: latents / scaling_factor (+ shift_factor where the VAE has one: SD3, FLUX), or, for a
     VAE with per-channel latents_mean / latents_std (Wan's AutoencoderKLWan), latents * std + mean as WanPipeline.
-    Video latents (B, C, F, H, W) decode to frames (B, F', 3, H', W')."""
+    Video latents (B, C, F, H, W) decode to frames (B, F', 3, H', W').
+
+    A latents_mean / latents_std VAE decodes in its own dtype with autocast off, as WanPipeline does (it casts the
+    latents to vae.dtype and runs no autocast): models.base keeps Wan's VAE in float32 for that, and under the
+    trainer's bf16 autocast its 3-D convolutions would otherwise still run in bf16."""
     if vae is not None:
         cfg = vae.config
         if getattr(cfg, "scaling_factor", None) is None and getattr(cfg, "latents_mean", None) is not None:
-            shape = (1, -1) + (1,) * (latents.ndim - 2)
-            mean = torch.tensor(cfg.latents_mean).view(shape).to(latents.device, latents.dtype)
-            inv_std = 1.0 / torch.tensor(cfg.latents_std).view(shape).to(latents.device, latents.dtype)
-            latents = vae.decode((latents / inv_std + mean).to(vae.dtype), return_dict=False)[0]  # as WanPipeline
+            import contextlib
+
+            device = latents.device.type
+            off = (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
+                   else contextlib.nullcontext())
+            with off:  # WanPipeline's order: cast to vae.dtype, then un-normalise in that dtype
+                latents = latents.to(vae.dtype)
+                shape = (1, -1) + (1,) * (latents.ndim - 2)
+                mean = torch.tensor(cfg.latents_mean).view(shape).to(latents.device, latents.dtype)
+                inv_std = 1.0 / torch.tensor(cfg.latents_std).view(shape).to(latents.device, latents.dtype)
+                latents = vae.decode(latents / inv_std + mean, return_dict=False)[0]
         else:
             shift = getattr(cfg, "shift_factor", None) or 0.0
             latents = vae.decode(latents / cfg.scaling_factor + shift, return_dict=False)[0]
