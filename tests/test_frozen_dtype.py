@@ -134,3 +134,69 @@ def test_wan_vae_decodes_in_float32_under_bf16_autocast(loaded):
     assert got.dtype == FP32 and got.shape == (2, 5, 3, 32, 32) and torch.isfinite(got).all()
     assert torch.equal(got, ref)
     assert leaked.dtype == BF16 and not torch.equal(leaked.float(), plain)  # the autocast would have reached the VAE
+
+
+# built model -> component name -> its dtype in a bf16 run (the rule; Wan's VAE float32). Built on "meta": shapes only.
+BUILT_BF16 = {
+    "sd15-random": {"unet": FP32, "text_encoder": BF16, "vae": BF16},
+    "sdxl-random": {"unet": FP32, "text_encoder": BF16, "text_encoder_2": BF16, "vae": BF16},
+    "sd35-medium-random": {"transformer": FP32, "text_encoder": BF16, "text_encoder_2": BF16, "text_encoder_3": BF16,
+                           "vae": BF16},
+    "flux-dev-random": {"transformer": FP32, "text_encoder": BF16, "text_encoder_2": BF16, "vae": BF16},
+    "wan21-1.3b-random": {"transformer": FP32, "text_encoder": BF16, "vae": FP32},
+}
+
+
+@pytest.mark.parametrize("name", list(BUILT_BF16))
+def test_built_models_load_by_the_rule(name):
+    """load_pipeline's built models (models.BUILT, sd15-random and the real-shape builds) take the run's dtype as a
+    folder does: the denoiser float32, the frozen parts in the run's dtype; torch's default dtype is restored."""
+    from ddpo_grpo.models import BUILT
+
+    pipe = load_pipeline(name, torch_dtype=BF16, device="meta")
+    parts = pipe.components or {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
+    got = {k: dtypes(m) for k, m in parts.items() if isinstance(m, torch.nn.Module)}
+    assert got == {k: {d} for k, d in BUILT_BF16[name].items()}
+    assert dtypes(inner_model(pipe.unet)) == {FP32} and pipe.family == BUILT[name]
+    assert torch.get_default_dtype() == FP32
+
+
+def test_sd15_random_fp16_and_fp32_runs():
+    """fp16: SD's VAE config says force_upcast, so it stays float32 (the encoder fp16); float32 runs: all float32."""
+    fp16, fp32 = (load_pipeline("sd15-random", torch_dtype=d, device="meta") for d in (torch.float16, FP32))
+    assert [dtypes(m) for m in (fp16.unet, fp16.text_encoder, fp16.vae)] == [{FP32}, {torch.float16}, {FP32}]
+    assert [dtypes(m) for m in (fp32.unet, fp32.text_encoder, fp32.vae)] == [{FP32}] * 3
+
+
+def test_sd15_random_bf16_run_has_the_float32_runs_unet(monkeypatch):
+    """The bf16 run's UNet is the float32 run's, bit for bit (built first from the seed, in float32), and the text
+    encoder the float32 run's to bf16 precision. On narrow configs: the seeding and dtypes do not depend on widths."""
+    from ddpo_grpo.models import sd15_random as sd
+
+    unet_cfg, vae_cfg, text_cfg = sd.sd15_unet_config, sd.sd15_vae_config, sd.sd15_text_config
+    monkeypatch.setattr(sd, "sd15_unet_config", lambda n: {**unet_cfg(n), "block_out_channels": (32, 32, 64, 64),
+                                                           "cross_attention_dim": 32, "norm_num_groups": 8})
+    monkeypatch.setattr(sd, "sd15_vae_config", lambda r: {**vae_cfg(r), "block_out_channels": (8, 8, 16, 16),
+                                                          "norm_num_groups": 8})
+
+    def narrow_text(tokenizer):
+        c = text_cfg(tokenizer)
+        c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads = 32, 64, 2, 2
+        return c
+
+    monkeypatch.setattr(sd, "sd15_text_config", narrow_text)
+    fp32, bf16 = (load_pipeline("sd15-random", torch_dtype=d, resolution=64) for d in (FP32, BF16))
+    a, b = fp32.unet.state_dict(), bf16.unet.state_dict()
+    assert a.keys() == b.keys() and all(b[k].dtype == FP32 and torch.equal(a[k], b[k]) for k in a)
+    assert dtypes(bf16.text_encoder) == {BF16} and dtypes(bf16.vae) == {BF16}
+    with torch.no_grad():
+        ref, got = fp32.encode(PROMPTS), bf16.encode(PROMPTS)
+    assert got.dtype == FP32 and torch.equal(got, got.to(BF16).to(FP32))  # the encoder ran in bf16
+    assert 0 < ((got - ref).abs().max() / ref.abs().max()) < 0.05
+
+
+def test_real_shape_builds_are_refused_on_cpu():
+    from ddpo_grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^flux-dev-random is a real-shape build .* runs on a GPU; on a CPU use"):
+        load_pipeline("flux-dev-random", torch_dtype=BF16)

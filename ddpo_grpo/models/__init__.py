@@ -17,8 +17,23 @@ BUNDLED = {
     "tiny-flow": "tiny-flow",
     "tiny-recam": "tiny-recam",
 }
-# Models built from configs in memory (random weights, nothing read from disk): name -> family.
-BUILT = {"sd15-random": "ddim"}
+# Models built from configs in memory (random weights, nothing read from disk): name -> family, and name -> the
+# builder ("module:function", called as fn(resolution=, torch_dtype=, device=, denoiser_dtype=) and, for video,
+# num_frames=; resolution 0: its own default). sd15-random is SD 1.5's scale; the others are the real shapes of
+# SDXL, SD3.5-Medium, FLUX.1-dev and Wan 2.1 T2V 1.3B (scripts/bench_gpu.py measures them). What they draw is noise.
+BUILT = {"sd15-random": "ddim", "sdxl-random": "ddim", "sd35-medium-random": "flow", "flux-dev-random": "flow",
+         "wan21-1.3b-random": "flow"}
+BUILDERS = {"sd15-random": "ddpo_grpo.models.sd15_random:build_sd15_random",
+            "sdxl-random": "ddpo_grpo.models.sdxl:build_sdxl_random",
+            "sd35-medium-random": "ddpo_grpo.models.sd3:build_sd35_medium_random",
+            "flux-dev-random": "ddpo_grpo.models.flux:build_flux_dev_random",
+            "wan21-1.3b-random": "ddpo_grpo.models.wan:build_wan21_1_3b_random"}
+# Built models that load_pipeline refuses to build on a CPU (one ConfigError line). They are 3.5-17 B parameters in all
+# (T5-XXL or UMT5-XXL alone 4.8-5.7 B) at sizes checked against their configs' own (1024 px, 480x832 x 33 frames):
+# initialising them takes tens of GB and minutes before the first call, and an epoch hours, so a CPU run is a mistake,
+# refused at load rather than found out of memory. sd15-random (1.1 G) stays allowed: at 64 px it is a CPU smoke test.
+# "meta" builds them anywhere (shapes only: bench_gpu's FLOP counts).
+GPU_ONLY = ("sdxl-random", "sd35-medium-random", "flux-dev-random", "wan21-1.3b-random")
 # Tiny random builds of other architectures ("module:function(out_dir)", seeded random weights, tokenizers built
 # locally): written with save_pretrained into TINY_CACHE on first use, then loaded from that folder like a user's.
 TINY_BUILDS = {"sdxl-tiny": "ddpo_grpo.models.sdxl:build_tiny", "sd3-tiny": "ddpo_grpo.models.sd3:build_tiny",
@@ -105,31 +120,50 @@ def model_adapter(path_or_name: str):
     """The architecture adapter (models/base.py) of a bundled, built or folder model; ConfigError for a pipeline
     class no adapter loads."""
     if path_or_name in BUILT:
-        from .sd import ADAPTER
+        import importlib
 
-        return ADAPTER
+        return importlib.import_module(BUILDERS[path_or_name].split(":")[0]).ADAPTER
     return adapter_for(resolve_model_path(path_or_name))
+
+
+def build_model(name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu", resolution: int = 0,
+                num_frames: int = 0) -> LoadedPipeline:
+    """A BUILT model through its BUILDERS function, each module in component_dtype's choice for a run computing in
+    `torch_dtype` (the denoiser in float32, frozen parts in torch_dtype), as a folder loads; resolution / num_frames 0:
+    the builder's defaults. A GPU_ONLY model on a CPU is one ConfigError line."""
+    import importlib
+
+    from .base import component_dtype
+
+    if name in GPU_ONLY and torch.device(device).type == "cpu":
+        raise ConfigError(f"{name} is a real-shape build (SDXL / SD3.5 / FLUX / Wan sizes: billions of parameters) "
+                          "and runs on a GPU; on a CPU use its tiny build (sdxl-tiny, sd3-tiny, flux-tiny, wan-tiny) "
+                          "or sd15-random at pretrained.resolution=64")
+    module, fn = BUILDERS[name].split(":")
+    kw = {k: v for k, v in (("resolution", resolution), ("num_frames", num_frames)) if v}
+    return getattr(importlib.import_module(module), fn)(torch_dtype=torch_dtype, device=device,
+                                                        denoiser_dtype=component_dtype("denoiser", torch_dtype), **kw)
 
 
 def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu",
                   resolution: int = 0, num_frames: int = 0) -> LoadedPipeline:
     """Load a model's components from a local folder, never the hub, through its architecture's adapter (chosen by
-    model_index.json's `_class_name`); or build a BUILT model ("sd15-random") at `resolution` pixels (0: native).
+    model_index.json's `_class_name`); or build a BUILT model ("sd15-random", ...: build_model) at `resolution`
+    pixels (0: native). torch_dtype: the run's compute dtype (base.run_dtype); components load in base.component_dtype's
+    choice for it, folders and built models alike.
 
     The scheduler class decides the sampler family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler
     -> "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
     checkpoints. num_frames: frames of a video model's samples (0: its default); refused for image models.
     """
-    if path_or_name in BUILT:
-        from .sd15_random import NATIVE_RESOLUTION, build_sd15_random
-
-        return build_sd15_random(resolution or NATIVE_RESOLUTION, torch_dtype=torch_dtype, device=device)
-    path = resolve_model_path(path_or_name)
-    adapter = adapter_for(path)
+    adapter = model_adapter(path_or_name)
     if num_frames and not getattr(adapter, "video", False):
         raise ConfigError(f"num_frames={num_frames} applies to video models; {path_or_name!r} makes images")
+    if path_or_name in BUILT:
+        return build_model(path_or_name, torch_dtype, device, resolution, num_frames)
     kw = {"num_frames": num_frames} if num_frames else {}
-    return adapter.load(path, torch_dtype=torch_dtype, device=device, resolution=resolution, **kw)
+    return adapter.load(resolve_model_path(path_or_name), torch_dtype=torch_dtype, device=device,
+                        resolution=resolution, **kw)
 
 
 UNET_ATTENTION = ("sdpa", "math")

@@ -12,6 +12,8 @@ import torch
 from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
+from .sd import ADAPTER  # noqa: F401  (a built model's architecture: its builder module's ADAPTER, model_adapter)
+
 NAME = "sd15-random"
 NATIVE_RESOLUTION = 512  # pixels; latents are resolution / 8
 SEED = 0  # fixed, not config.seed: every process (and every run) must build the same weights
@@ -74,14 +76,21 @@ def sd15_text_config(tokenizer: CLIPTokenizer) -> CLIPTextConfig:
 
 
 def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dtype = torch.float32,
-                      device="cpu"):
+                      device="cpu", denoiser_dtype: torch.dtype = None):
     """The SD 1.5-shaped pipeline with seeded random weights, as a LoadedPipeline (family "ddim").
 
-    Images are (3, resolution, resolution); the sampler's latents (4, resolution/8, resolution/8). The modules are
-    created on `device` directly (initialising 1.1 G parameters on a GPU takes a fraction of the CPU's time), from
-    a forked RNG seeded with SEED, so the caller's random state is untouched.
+    torch_dtype: the dtype the run computes in (models.base.run_dtype). Each module is built in models.base.
+    component_dtype's choice for it, as the adapters load a folder: the UNet in float32 (the trained master weights;
+    `denoiser_dtype` overrides), the frozen text encoder in torch_dtype, the VAE in torch_dtype (float32 in an fp16
+    run: SD's VAE config says force_upcast). Images are (3, resolution, resolution); the sampler's latents
+    (4, resolution/8, resolution/8). The modules are created on `device` directly in their dtype (initialising 1.1 G
+    parameters on a GPU takes a fraction of the CPU's time, and no float32 copy of a bf16 module is ever held;
+    "meta": shapes only), from a forked RNG seeded with SEED, so the caller's random state is untouched. The UNet is
+    built first, so its weights are the same whatever torch_dtype.
     """
     from ddpo_grpo.models import LoadedPipeline
+
+    from .base import component_dtype, default_dtype, freeze
 
     why = check_resolution(resolution)
     if why:
@@ -89,14 +98,14 @@ def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dt
     device = torch.device(device)
     fork = [device.index or 0] if device.type == "cuda" else []
     tokenizer = build_tokenizer()
+    vae_config = sd15_vae_config(resolution)
     with torch.random.fork_rng(devices=fork), device:
         torch.manual_seed(SEED)
-        unet = UNet2DConditionModel(**sd15_unet_config(resolution // 8))
-        text_encoder = CLIPTextModel(sd15_text_config(tokenizer))
-        vae = AutoencoderKL(**sd15_vae_config(resolution))
-    for m in (unet, text_encoder, vae):
-        if torch_dtype != torch.float32:  # (diffusers warns on any .to(dtype), even a no-op one)
-            m.to(dtype=torch_dtype)
-        m.requires_grad_(False)
-        m.eval()
+        with default_dtype(denoiser_dtype or component_dtype("denoiser", torch_dtype)):
+            unet = UNet2DConditionModel(**sd15_unet_config(resolution // 8))
+        with default_dtype(component_dtype("text_encoder", torch_dtype)):
+            text_encoder = CLIPTextModel(sd15_text_config(tokenizer))
+        with default_dtype(component_dtype("vae", torch_dtype, dict(vae_config, _class_name="AutoencoderKL"))):
+            vae = AutoencoderKL(**vae_config)
+    freeze(unet, text_encoder, vae)  # (make_trainable unfreezes what the run trains)
     return LoadedPipeline(unet, text_encoder, tokenizer, sd15_scheduler(), vae, "ddim", NAME)
