@@ -9,8 +9,10 @@ of SDXL, SD3.5-Medium, FLUX.1-dev and Wan 2.1 1.3B; on CUDA in bf16 autocast (th
     python scripts/bench_gpu.py --all-models --dry-run [--count-flops]   # validate (and count FLOPs) without a GPU
     python scripts/bench_gpu.py --allow-cpu --resolution 64 --batch-sizes 2 --cfg off --modes lora --num-steps 2
 
-A model runs its named config (MODELS: sd15_random_bench, sdxl, sd3, flux, wan): its LoRA rank, resolution, steps,
-CFG and sample batch (train batch in the config's proportion), --num-batches sampling batches, k = 2. Per point:
+The models are ddpo_grpo.models.BUILT's, which the trainer loads by name (models.base.component_dtype: the denoiser
+in float32, frozen parts in the run's dtype). A model runs its named config (MODELS: sd15_random_bench, sdxl, sd3,
+flux, wan): its LoRA rank, resolution, steps, CFG and sample batch (train batch in the config's proportion),
+--num-batches sampling batches, k = 2. Per point:
 for sd15-random (not with --all-models) the floor (denoiser calls of the epoch's sampling and training and AdamW
 steps, nothing else), then the real trainer (build_context, a warm-up epoch, a timed epoch). Reported: s/epoch,
 samples/s (images, or clips for Wan), training sample-steps/s, peak GPU memory (max_memory_allocated) and MFU =
@@ -39,15 +41,10 @@ SWITCHES = {  # name -> config overrides, measured one at a time against the bas
     "attention_math": {"unet_attention": "math"}, "channels_last": {"channels_last": True},
     "grad_ckpt": {"gradient_checkpointing": True}, "stack4": {"train.timesteps_per_call": 4},
     "compile": {"compile_unet": "default"}}
-# name -> (named config in config/grpo.py, real-shape builder "module:function" ("": the trainer's own built model),
-# sampler family). The builders make every module on the GPU directly in its dtype (models.base.component_dtype).
-MODELS = {
-    "sd15-random": ("sd15_random_bench", "", "ddim"),
-    "sdxl-random": ("sdxl", "ddpo_grpo.models.sdxl:build_sdxl_random", "ddim"),
-    "sd35-medium-random": ("sd3", "ddpo_grpo.models.sd3:build_sd35_medium_random", "flow"),
-    "flux-dev-random": ("flux", "ddpo_grpo.models.flux:build_flux_dev_random", "flow"),
-    "wan21-1.3b-random": ("wan", "ddpo_grpo.models.wan:build_wan21_1_3b_random", "flow"),
-}
+# models.BUILT name -> its named config in config/grpo.py. The real-shape ones are models.GPU_ONLY: refused on a CPU
+# here (before any config is read; --dry-run builds them on "meta") and by the loader (for the trainer).
+MODELS = {"sd15-random": "sd15_random_bench", "sdxl-random": "sdxl", "sd35-medium-random": "sd3",
+          "flux-dev-random": "flux", "wan21-1.3b-random": "wan"}
 MAX_CPU_RESOLUTION = 128  # CPU runs are smoke tests: SD at 512 px on a CPU takes minutes per call
 
 
@@ -63,50 +60,10 @@ def named_config(name: str):
     return grpo.get_config(name)
 
 
-def build(model: str, resolution: int, device, torch_dtype, denoiser_dtype=None):
-    """The model's pipeline with random weights (LoadedPipeline), built on `device` ("meta": shapes only);
-    resolution 0: the builder's default."""
-    import importlib
-
-    if not MODELS[model][1]:
-        from ddpo_grpo.models.sd15_random import NATIVE_RESOLUTION, build_sd15_random
-
-        return build_sd15_random(resolution or NATIVE_RESOLUTION, torch_dtype=torch_dtype, device=device)
-    module, fn = MODELS[model][1].split(":")
-    kw = {"resolution": resolution} if resolution else {}
-    return getattr(importlib.import_module(module), fn)(device=device, torch_dtype=torch_dtype,
-                                                        denoiser_dtype=denoiser_dtype, **kw)
-
-
-def register_builds(mixed_precision: str) -> None:
-    """Let the trainer load the real-shape builds by name (pretrained.model = "flux-dev-random", ...): registered
-    as built models (models.BUILT: a family, no folder) and built by load_pipeline with the trainer's dtype rule
-    (frozen parts in the run's dtype, the denoiser in float32). The library knows only sd15-random by name: these
-    are 3.5-17 B parameters of noise, a benchmark's models, not a user's."""
-    import torch
-
-    import ddpo_grpo.models as models
-    from ddpo_grpo.models.base import component_dtype, run_dtype
-
-    if getattr(models.load_pipeline, "bench_builds", False):
-        return
-    original = models.load_pipeline
-
-    def load_pipeline(name, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0):
-        if not MODELS.get(name, ("", ""))[1]:
-            return original(name, torch_dtype=torch_dtype, device=device, resolution=resolution, num_frames=num_frames)
-        run = run_dtype(mixed_precision)  # (the trainer passes float32 for built models: sd15-random's rule)
-        return build(name, resolution, device, run, component_dtype("denoiser", run))
-
-    load_pipeline.bench_builds = True
-    models.load_pipeline = load_pipeline
-    models.BUILT.update({name: family for name, (_, builder, family) in MODELS.items() if builder})
-
-
 def defaults(args, model: str):
     """(batch sizes, CFG on/off list, modes) of a model: the options given, else sd15-random's grid (alone) or the
     config's own settings, one point."""
-    c = named_config(args.config_name or MODELS[model][0])
+    c = named_config(args.config_name or MODELS[model])
     grid = model == "sd15-random" and not args.all_models
     batch_sizes = args.batch_sizes or ([4, 8, 16] if grid else [int(c.sample.batch_size)])
     cfg = args.cfg or ([False, True] if grid else [float(c.sample.guidance_scale) != 1.0])
@@ -115,8 +72,8 @@ def defaults(args, model: str):
 
 
 def point_config(args, model: str, B: int, cfg: bool, mode: str, overrides: dict):
-    c = named_config(args.config_name or MODELS[model][0])
-    if MODELS[model][1]:
+    c = named_config(args.config_name or MODELS[model])
+    if model != "sd15-random":  # (sd15-random: the config's model, so that --config-name can name another)
         c.pretrained.model = model
     if args.resolution:
         c.pretrained.resolution = args.resolution
@@ -173,10 +130,11 @@ def count_flops(model: str, config, train: bool = True) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
     from ddpo_grpo.trainer.build import make_trainable
 
-    pipe = build(model, int(config.pretrained.resolution), "meta", torch.float32)
+    pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
     pipe.adapter.configure(pipe, config)  # FLUX-dev's embedded guidance, Wan's frames
     x, t, cond = denoiser_inputs(pipe)
     out = {"denoiser_params": sum(p.numel() for p in inner_model(pipe.unet).parameters()),
@@ -253,7 +211,7 @@ def measure_point(args, model: str, B: int, cfg: bool, mode: str, switch: str) -
            "resolution": int(config.pretrained.resolution), "num_steps": int(config.sample.num_steps)}
     try:
         row.update(count_flops(model, config))
-        fl = floor(config, True, 1, args.device) if not (MODELS[model][1] or args.all_models) else None
+        fl = floor(config, True, 1, args.device) if model == "sd15-random" and not args.all_models else None
         gc.collect()
         torch.cuda.empty_cache() if args.device == "cuda" else None
         tr = trainer_epoch(config, args.device)
@@ -322,7 +280,7 @@ def table(points) -> str:
 
 def dry_run(args, points) -> None:
     """The plan on one line; with --count-flops, one line per model of its denoiser's size and FLOPs per row."""
-    res = args.resolution or named_config(MODELS[args.model][0]).pretrained.resolution or "native"
+    res = args.resolution or named_config(MODELS[args.model]).pretrained.resolution or "native"
     where = "" if args.all_models else f" at {res} px"
     prefix = args.all_models or args.model != "sd15-random"
     print(f"plan: {len(points)} points on {args.device}{where}: " + ", ".join(label(p, prefix) for p in points))
@@ -372,7 +330,9 @@ def main(argv=None) -> None:
     args = parse(argv)
     import torch
 
-    real = [m for m in (list(MODELS) if args.all_models else [args.model]) if MODELS[m][1]]
+    from ddpo_grpo.models import GPU_ONLY
+
+    real = [m for m in (list(MODELS) if args.all_models else [args.model]) if m in GPU_ONLY]
     if torch.cuda.is_available():
         args.device = "cuda"
     elif not (args.allow_cpu or args.dry_run):
@@ -386,7 +346,6 @@ def main(argv=None) -> None:
         if args.allow_cpu and (args.resolution or 512) > MAX_CPU_RESOLUTION:
             fail(f"--allow-cpu with --resolution {args.resolution or 512}: on CPU use <= {MAX_CPU_RESOLUTION} "
                  "(e.g. 64)")
-    register_builds("bf16" if args.device == "cuda" else "no")
     from ddpo_grpo.trainer.build import validate_config
     from ddpo_grpo.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """scripts/bench_gpu.py without a GPU: the plan of a dry run (every model's config validated), one-line refusals
 (exit 2), the FLOPs per row it counts on meta-device builds against the models' shapes, and one benchmark point of
-a registered build run end to end on CPU with a tiny SD3. CUDA is hidden from the children so that the refusals are
+a built model (models.BUILT) run end to end on CPU with a tiny SD3 registered in its place. CUDA is hidden from the children so that the refusals are
 tested on GPU machines too. (A CPU run of an sd15-random point takes ~2 min: two SD-sized model builds and four
 epochs; it was run by hand, see docs/performance.md.)"""
 import importlib.util
@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from helpers import run_side_by_side
+
+from ddpo_grpo.models.sd3 import ADAPTER  # noqa: F401  (build_sd3_tiny's architecture, as models.model_adapter asks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1")
@@ -111,13 +113,15 @@ def test_flops_per_row_are_the_layers_and_the_attention_of_the_real_shapes(model
     """count_flops (torch's flop counter on a meta-device build at the config's shapes) = the Linear and convolution
     FLOPs of the modules' shapes + the closed-form attention FLOPs of the published layout, and the denoiser has the
     published parameter count."""
+    from ddpo_grpo.models import load_pipeline
+
     bench_gpu = load_bench()
     config = bench_gpu.point_config(args_for(bench_gpu), model, *bench_gpu.defaults(args_for(bench_gpu), model)[0][:1],
                                     True, "lora", {})
     counted = bench_gpu.count_flops(model, config, train=False)
     params, attn = REAL[model]
     assert counted["denoiser_params"] == params
-    pipe = bench_gpu.build(model, int(config.pretrained.resolution), "meta", torch.float32)
+    pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
     pipe.adapter.configure(pipe, config)
     x, t, cond = bench_gpu.denoiser_inputs(pipe)
     with torch.no_grad():
@@ -138,7 +142,7 @@ def test_lora_training_flops_are_input_gradients_plus_attention_backward():
 
 
 def build_sd3_tiny(device="cpu", torch_dtype=torch.float32, denoiser_dtype=None, resolution=0):
-    """A real-shape builder's signature over the tiny SD3 (for the CPU run of a registered build)."""
+    """A models.BUILDERS builder's signature over the tiny SD3 (for the CPU run of a built model)."""
     from ddpo_grpo.models.sd3 import ADAPTER, tiny_parts
 
     parts = tiny_parts()
@@ -149,18 +153,29 @@ def build_sd3_tiny(device="cpu", torch_dtype=torch.float32, denoiser_dtype=None,
     return ADAPTER.wrap(parts, "flow", "sd3-tiny-built", resolution)
 
 
-def test_a_registered_build_runs_one_point_end_to_end_on_cpu(monkeypatch):
-    """The path a real-shape build takes on the GPU, with the tiny SD3 in its place: registered as a built model, loaded
-    by the trainer through load_pipeline, one warm-up and one timed epoch, FLOPs counted on its meta build, the rows
-    of the epoch's calls, one table row."""
+def test_the_benchmarked_models_are_the_librarys_built_models():
+    """No registration in the script: every model it runs is a models.BUILT name the trainer loads (the real-shape
+    ones refused on a CPU by the script and the loader alike), with the family of its named config's sampler."""
     import ddpo_grpo.models as models
 
     bench_gpu = load_bench()
-    monkeypatch.setattr(models, "load_pipeline", models.load_pipeline)  # restored after the test, as BUILT
-    monkeypatch.setattr(models, "BUILT", dict(models.BUILT))
-    monkeypatch.setitem(bench_gpu.MODELS, "sd3-tiny-built", ("sd3_tiny", "test_bench_gpu:build_sd3_tiny", "flow"))
-    bench_gpu.register_builds("no")
-    assert models.BUILT["sd3-tiny-built"] == "flow" and models.BUILT["flux-dev-random"] == "flow"
+    assert set(bench_gpu.MODELS) == set(models.BUILT) == set(models.BUILDERS)
+    assert set(models.GPU_ONLY) == set(models.BUILT) - {"sd15-random"}
+    assert {m: models.BUILT[m] for m in bench_gpu.MODELS} == {
+        "sd15-random": "ddim", "sdxl-random": "ddim", "sd35-medium-random": "flow", "flux-dev-random": "flow",
+        "wan21-1.3b-random": "flow"}
+
+
+def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
+    """The path a real-shape build takes on the GPU, with the tiny SD3 in its place: a models.BUILT name, loaded by the
+    trainer through load_pipeline, one warm-up and one timed epoch, FLOPs counted on its meta build, the rows of the
+    epoch's calls, one table row."""
+    import ddpo_grpo.models as models
+
+    bench_gpu = load_bench()
+    monkeypatch.setitem(models.BUILT, "sd3-tiny-built", "flow")  # (setitem: removed again after the test)
+    monkeypatch.setitem(models.BUILDERS, "sd3-tiny-built", "test_bench_gpu:build_sd3_tiny")
+    monkeypatch.setitem(bench_gpu.MODELS, "sd3-tiny-built", "sd3_tiny")
     args = args_for(bench_gpu, model="sd3-tiny-built", num_steps=3, num_batches=1, out="unused")
     args.dry_run = False
     row = bench_gpu.measure_point(args, "sd3-tiny-built", 4, True, "lora", "none")
