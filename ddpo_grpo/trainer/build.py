@@ -107,6 +107,8 @@ def check_resolution(config) -> None:
             raise ConfigError(f"pretrained.resolution={res} applies to built models ({', '.join(sorted(BUILT))}) "
                               f"only; {model!r} has its own size: leave it at 0")
         return
+    if model != "sd15-random":  # the real-shape builds take their builder's resolution (GPU only; their builders check)
+        return
     from ddpo_grpo.models.sd15_random import check_resolution as why_not
 
     why = why_not(res) if res else ""
@@ -284,12 +286,11 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
     from .supervised import SupervisedLoss
 
-    from ddpo_grpo.models import BUILT
     from ddpo_grpo.models.base import run_dtype
 
-    # Load dtype: the run's compute dtype; the adapters load frozen encoders in it and the denoiser in float32
-    # (models.base.component_dtype). A built model (sd15-random) casts every module to the dtype given, its UNet too.
-    dtype = torch.float32 if config.pretrained.model in BUILT else run_dtype(accelerator.mixed_precision)
+    # Load dtype: the run's compute dtype; folders and built models alike load frozen encoders in it and the denoiser
+    # in float32 (models.base.component_dtype).
+    dtype = run_dtype(accelerator.mixed_precision)
     pipe = load_pipeline(config.pretrained.model, torch_dtype=dtype, device=accelerator.device,
                          resolution=config.pretrained.resolution)
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
