@@ -89,6 +89,41 @@ def tiny_colour_grpo():
     return config
 
 
+def tiny_colour_branch():
+    """tiny_colour trained by the clipped-ratio GRPO loss on branched trajectories (core/branching.py): per
+    condition one tree, x_T shared, 8 children split at step 0 (where scripts/step_credit.py finds the colour
+    decided after x_T) and finished deterministically (DDIM eta 0, the eval's sampler). The 8 siblings are the group,
+    so the advantage is what step 0's noise did, not x_T's luck; only step 0 is stored and trained. 64 samples per
+    epoch in 4 optimizer steps at lr 1e-4 with the KL to the start model (beta 0.04) as tiny_colour_grpo.
+    Measured in docs/efficacy.md (session 11)."""
+    config = tiny_colour()
+    config.sample.branch_steps = (0,)
+    config.sample.branches = 8
+    config.sample.k = 8  # one tree per condition: 8 conditions x 8 leaves = 64 samples per epoch
+    config.train.learning_rate = 1e-4
+    config.train.lr_warmup_steps = 3
+    config.train.beta = 0.04
+    return config
+
+
+def tiny_branch():
+    """The mixed task (`tiny`) on branched trajectories: tiny_colour_grpo's geometry (256 samples = 32 conditions x
+    one 8-leaf tree, one optimizer step per epoch at lr 1e-4, KL to the start model) with the split at step 0."""
+    config = tiny()
+    config.sample.branch_steps = (0,)
+    config.sample.branches = 8
+    config.sample.batch_size = 32
+    config.sample.num_batches_per_epoch = 8
+    config.sample.k = 8
+    config.train.batch_size = 32
+    config.train.gradient_accumulation_steps = 8  # one optimizer step per epoch, on all 256 samples
+    config.train.learning_rate = 1e-4
+    config.train.lr_warmup_steps = 3
+    config.train.beta = 0.04
+    config.eval.pass_at_k = 8
+    return config
+
+
 def ddpo():
     """DDPO's original recipe for side-by-side comparison: per-prompt history buffer, no KL, scalar advantages."""
     config = tiny()

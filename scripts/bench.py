@@ -167,8 +167,9 @@ def main(argv=None) -> Dict:
                     help="config override passed to every subprocess as --config.KEY=VALUE (repeatable)")
     ap.add_argument("--efficacy", action="store_true", help="also run the GRPO vs DDPO learning-efficacy comparison")
     ap.add_argument("--efficacy-configs", default="config/grpo.py:tiny,config/grpo.py:ddpo,config/grpo.py:tiny_raft,"
-                    "config/grpo.py:tiny_nft,config/grpo.py:tiny_per_step",
-                    help="GRPO, DDPO's recipe, best-of-N supervision (RAFT), DiffusionNFT, per-step rewards")
+                    "config/grpo.py:tiny_nft,config/grpo.py:tiny_per_step,config/grpo.py:tiny_branch",
+                    help="GRPO, DDPO's recipe, best-of-N supervision (RAFT), DiffusionNFT, per-step rewards, GRPO on "
+                         "branched trajectories")
     ap.add_argument("--efficacy-runs", default="",
                     help="no training: the efficacy table and plot of these run folders (comma-separated), e.g. long "
                          "runs trained by hand; from summary.json, or the newest checkpoint of an unfinished run")
