@@ -75,3 +75,20 @@ def selected_params(request, values: Sequence[str]) -> List[str]:
     ending in [value]), so that a module fixture running all of them side by side runs only those under -k."""
     return [v for v in values if any(getattr(item, "module", None) is request.module and item.nodeid.endswith(f"[{v}]")
                                      for item in request.session.items)]
+
+
+def narrow_sd15(monkeypatch, sd) -> None:
+    """Narrow widths for models.sd15_random's builder (module `sd`), its layout kept: the seeding and dtypes it tests do
+    not depend on widths, and a build of SD 1.5's 1.07 G parameters would cost more than the tests around it."""
+    unet_cfg, vae_cfg, text_cfg = sd.sd15_unet_config, sd.sd15_vae_config, sd.sd15_text_config
+    monkeypatch.setattr(sd, "sd15_unet_config", lambda n: {**unet_cfg(n), "block_out_channels": (32, 32, 64, 64),
+                                                           "cross_attention_dim": 32, "norm_num_groups": 8})
+    monkeypatch.setattr(sd, "sd15_vae_config", lambda r: {**vae_cfg(r), "block_out_channels": (8, 8, 16, 16),
+                                                          "norm_num_groups": 8})
+
+    def narrow_text(tokenizer):
+        c = text_cfg(tokenizer)
+        c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads = 32, 64, 2, 2
+        return c
+
+    monkeypatch.setattr(sd, "sd15_text_config", narrow_text)

@@ -7,6 +7,7 @@ import torch
 
 from ddpo_grpo.models import load_pipeline
 from ddpo_grpo.models.base import component_dtype, inner_model, run_dtype
+from helpers import narrow_sd15
 
 BF16, FP32 = torch.bfloat16, torch.float32
 # model -> (frozen text encoders, VAE component name or None, expected VAE dtype in a bf16 run)
@@ -173,18 +174,7 @@ def test_sd15_random_bf16_run_has_the_float32_runs_unet(monkeypatch):
     encoder the float32 run's to bf16 precision. On narrow configs: the seeding and dtypes do not depend on widths."""
     from ddpo_grpo.models import sd15_random as sd
 
-    unet_cfg, vae_cfg, text_cfg = sd.sd15_unet_config, sd.sd15_vae_config, sd.sd15_text_config
-    monkeypatch.setattr(sd, "sd15_unet_config", lambda n: {**unet_cfg(n), "block_out_channels": (32, 32, 64, 64),
-                                                           "cross_attention_dim": 32, "norm_num_groups": 8})
-    monkeypatch.setattr(sd, "sd15_vae_config", lambda r: {**vae_cfg(r), "block_out_channels": (8, 8, 16, 16),
-                                                          "norm_num_groups": 8})
-
-    def narrow_text(tokenizer):
-        c = text_cfg(tokenizer)
-        c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads = 32, 64, 2, 2
-        return c
-
-    monkeypatch.setattr(sd, "sd15_text_config", narrow_text)
+    narrow_sd15(monkeypatch, sd)
     fp32, bf16 = (load_pipeline("sd15-random", torch_dtype=d, resolution=64) for d in (FP32, BF16))
     a, b = fp32.unet.state_dict(), bf16.unet.state_dict()
     assert a.keys() == b.keys() and all(b[k].dtype == FP32 and torch.equal(a[k], b[k]) for k in a)

@@ -10,6 +10,7 @@ import torch
 
 from ddpo_grpo.trainer.build import validate_config
 from ddpo_grpo.errors import ConfigError
+from helpers import narrow_sd15
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,18 +52,7 @@ def test_sd15_random_is_seeded(monkeypatch):
     a second build of SD 1.5's 1.07 G parameters would cost more than the rest of the file's in-process tests."""
     from ddpo_grpo.models import sd15_random as sd
 
-    unet_cfg, vae_cfg, text_cfg = sd.sd15_unet_config, sd.sd15_vae_config, sd.sd15_text_config
-    monkeypatch.setattr(sd, "sd15_unet_config", lambda n: {**unet_cfg(n), "block_out_channels": (32, 32, 64, 64),
-                                                           "cross_attention_dim": 32, "norm_num_groups": 8})
-    monkeypatch.setattr(sd, "sd15_vae_config", lambda r: {**vae_cfg(r), "block_out_channels": (8, 8, 16, 16),
-                                                          "norm_num_groups": 8})
-
-    def narrow_text(tokenizer):
-        c = text_cfg(tokenizer)
-        c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads = 32, 64, 2, 2
-        return c
-
-    monkeypatch.setattr(sd, "sd15_text_config", narrow_text)
+    narrow_sd15(monkeypatch, sd)
     weights = []
     for caller_seed in (1, 2):
         torch.manual_seed(caller_seed)
