@@ -90,6 +90,7 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
     import sys
 
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     from ddpo_grpo.core.pipeline_with_logprob import decode
     from ddpo_grpo.trainer.build import build_context
@@ -100,6 +101,9 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
     config = grpo.get_config("sd3_tiny")
     config.mixed_precision = "bf16"
     config.logging.wandb = config.logging.tensorboard = False
+    # accelerate's state is process-wide: an Accelerator made by an earlier test (fp32) would refuse bf16, and a bf16
+    # state left behind would put later tests under bf16 autocast. Start from, and leave, a clean state.
+    AcceleratorState._reset_state(reset_partial_state=True)
     acc = Accelerator(cpu=True, mixed_precision="bf16")
     ctx = build_context(config, acc, str(tmp_path))
     try:
@@ -114,6 +118,7 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
         assert images.dtype == FP32 and images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()
     finally:
         ctx.rewards.executor.shutdown(wait=False)
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_wan_vae_decodes_in_float32_under_bf16_autocast(loaded):
