@@ -43,7 +43,7 @@ def run(config):
                                                  save_checkpoint, wandb_run_id)
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
     from ddpo_grpo.rewards import collect_rewards
-    from ddpo_grpo.trainer.sampling import branch_spec, sample_epoch
+    from ddpo_grpo.trainer.sampling import sample_epoch
     from ddpo_grpo.trainer.training import train_epoch
     from ddpo_grpo.trainer.verification import verify_groups
 
@@ -51,7 +51,6 @@ def run(config):
     devices.check_launch(config, device)  # lone process of an N-process launch, mesh size; CPU runs fp32 unless bf16
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     family = validate_config(config, num_processes)  # one clear line before any heavy work
-    tree = branch_spec(config, family)  # branched sampling's tree (core/branching.py), or None
     use_architecture_blocks(config)  # FSDP2 wraps the model's own blocks (its adapter's), whatever the YAML lists
     # A resumed run continues in its checkpoint's run folder (checkpoints, history, wandb run, TensorBoard curve) unless
     # run_name names another; a missing or damaged checkpoint is one line here, before any tracker or model starts.
@@ -97,10 +96,10 @@ def run(config):
             rewards = collect_rewards(samples.reward_futures, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
         with timer("advantages"):
             adv = compute_advantages(accelerator, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
-                                     torch.from_numpy(rewards.valid), config.train.max_invalid_fraction, tree)  # 3.
+                                     torch.from_numpy(rewards.valid), config.train.max_invalid_fraction, ctx.tree)  # 3.
         with timer("verification"):
             checks, table = verify_groups(adv.keys_all, adv.advantages_all, adv.mask_all, adv.rewards_all,
-                                          config.sample.k, ctx.stat_tracker, tree, adv.cell_mask_all)
+                                          config.sample.k, ctx.stat_tracker, ctx.tree, adv.cell_mask_all)
             accelerator.print(f"epoch {epoch}: " + table)  # 4. exact k per condition, group mean 0 / std 1
         with timer("training"):
             train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)

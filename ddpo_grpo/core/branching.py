@@ -58,10 +58,6 @@ class BranchSpec:
             raise ValueError(f"branch step {bad[0]} is outside the schedule's {stochastic_steps} stochastic steps "
                              f"(0 ... {stochastic_steps - 1})")
 
-    def nodes_at(self, depth: int) -> int:
-        """Nodes per tree at `depth` (K**depth)."""
-        return self.branches ** depth
-
     def leaves_below(self, depth: int) -> int:
         """Leaves under one node at `depth` (K**(D - depth))."""
         return self.branches ** (self.depth - depth)

@@ -62,6 +62,7 @@ class RunContext:
     state: RunState
     supervised: Optional[Any] = None
     old_policy: Optional[Any] = None  # EMAReference: nft's sampling policy when train.nft_old_decay > 0
+    tree: Optional[Any] = None  # core.branching.BranchSpec of sample.branch_steps, or None (no branching)
 
     def sampling_policy(self):
         """Context in which self.unet holds the sampling policy's weights: theta_old when nft soft-updates it
@@ -318,10 +319,10 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
                              executor=executor)
     train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")
+    tree = branch_spec(config, pipe.family)
     sampler = KRepeatSampler(len(train_data), config.sample.batch_size, config.sample.num_batches_per_epoch,
                              accelerator.num_processes, config.sample.k, config.seed,
-                             weights=getattr(train_data, "weights", None),
-                             tree_size=getattr(branch_spec(config, pipe.family), "leaves", 1))
+                             weights=getattr(train_data, "weights", None), tree_size=tree.leaves if tree else 1)
     cache: Dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -343,4 +344,5 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     for obj in (state, stat_tracker) + tuple(o for o in (reference, old_policy) if o is not None):
         accelerator.register_for_checkpointing(obj)
     return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
-                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy)
+                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy,
+                      tree)

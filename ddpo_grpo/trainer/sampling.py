@@ -142,7 +142,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     unet.eval()
     settings = sampler_settings(config, ctx.pipe.family)
     window = sde_window(config, epoch)
-    tree = branch_spec(config, ctx.pipe.family)
+    tree = ctx.tree
     per_step = config.reward.per_step
     parts, futures = [], []
     with ctx.sampling_policy():  # nft's soft-updated theta_old (swapped in once), else the policy itself
