@@ -185,7 +185,8 @@ def test_k_repeat_sampler_keeps_trees_whole_and_k_exact():
 def test_cell_call_plan_trains_every_owner_cell_once():
     spec = BranchSpec((0, 1), 2)
     n = 4 * spec.leaves
-    cells = torch.from_numpy(np.stack([spec.owners(n, d) for d in range(2)], axis=1))
+    cells = torch.from_numpy(spec.owner_cells(n))
+    assert cells.tolist()[:4] == [[True, True], [False, True], [True, True], [False, True]]
     cfg = ml_collections.ConfigDict(dict(seed=0, train=dict(batch_size=5)))
     calls, per_mb = cell_training_calls(cells, cfg, 0, 0, 0)
     pairs = [(int(i), int(c)) for idx, cols in calls for i, c in zip(idx, cols[:, 0])]

@@ -67,6 +67,10 @@ class BranchSpec:
         under each child at depth column + 1)."""
         return np.arange(n) % self.leaves_below(column + 1) == 0
 
+    def owner_cells(self, n: int) -> np.ndarray:
+        """(n, D) bool: owners(n, d) for every column, the cells a tree's structure trains (valid or not)."""
+        return np.stack([self.owners(n, d) for d in range(self.depth)], axis=1)
+
     def node_values(self, rewards: np.ndarray, column: int) -> np.ndarray:
         """rewards (n,) per leaf, n = trees * L -> (trees * K**(column + 1),) the value of each child at column
         `column`: the mean reward of the leaves below it, in owner-row order."""

@@ -105,10 +105,11 @@ def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, pe
 
 def cell_training_calls(cells: torch.Tensor, config, epoch: int, inner: int, rank: int,
                         columns: torch.Tensor = None):
-    """The call plan of branched sampling: list of (sample indices (b,), columns (b, 1)) over the trained cells
-    (cells (N, T) bool, restricted to `columns`), shuffled and cut into calls of train.batch_size rows. One row per
-    transition: the owner leaf of each child (core.branching). Every process has the same number of cells (whole
-    trees of one spec), so the same number of calls."""
+    """The call plan of branched sampling: list of (sample indices (b,), columns (b, 1)) over the owner cells
+    (cells (N, T) bool: BranchSpec.owner_cells, restricted to `columns`), shuffled and cut into calls of
+    train.batch_size rows. One row per transition: the owner leaf of each child (core.branching). The plan follows
+    the trees' structure, not which trees are valid (an excluded tree's rows are masked in the loss), so every process
+    makes the same number of calls, as DDP needs."""
     g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
     keep = cells.clone()
     if columns is not None:
@@ -174,7 +175,8 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
             calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
                                            trainable_columns(samples, config))
         else:
-            calls, per_mb = cell_training_calls(adv.cell_mask, config, epoch, inner, acc.process_index,
+            owners = torch.from_numpy(ctx.tree.owner_cells(N))
+            calls, per_mb = cell_training_calls(owners, config, epoch, inner, acc.process_index,
                                                 trainable_columns(samples, config))
         if untrained is not None:  # which untrained step each sample gets: seeded like the call plan
             g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
