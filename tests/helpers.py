@@ -9,6 +9,8 @@ from typing import Dict, List, Sequence
 import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def tiny_unet(in_channels: int = 3, seed: int = 0) -> UNet2DConditionModel:
     torch.manual_seed(seed)
@@ -92,3 +94,32 @@ def narrow_sd15(monkeypatch, sd) -> None:
         return c
 
     monkeypatch.setattr(sd, "sd15_text_config", narrow_text)
+
+
+def train_modes(tmp, config_name: str, cache: str, run_args: Sequence[str], modes: Dict[str, Sequence[str]]):
+    """One trainer run of config/grpo.py:<config_name> per mode (run folder tmp/<mode>, the mode's extra flags after
+    run_args), side by side, with the tiny builds cached in `cache`; each must exit 0. Returns tmp."""
+    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
+    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", f"config/grpo.py:{config_name}",
+                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *run_args, *extra], cwd=ROOT, env=env)
+            for mode, extra in modes.items()]
+    for res in run_side_by_side(jobs):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return tmp
+
+
+def policy_from_checkpoint(model: str, ckpt: str, lora: bool, **load_kw):
+    """The trained policy as the trainer holds it: `model` loaded (load_pipeline(model, **load_kw)), made trainable as
+    the trainer does (LoRA rank 4 or full), and the checkpoint's training-state model.safetensors loaded strictly."""
+    from ml_collections import ConfigDict
+    from safetensors.torch import load_file
+
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.build import make_trainable
+
+    pipe = load_pipeline(model, **load_kw)
+    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
+        pipe.adapter.lora_target_modules)
+    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    return pipe

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_env, run_side_by_side
+from helpers import cpu_env, policy_from_checkpoint, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,13 +288,7 @@ def test_flux_dev_random_build_has_flux_dev_shapes():
 def runs(tmp_path_factory, cache):
     """A 2-epoch flux_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
     tmp = tmp_path_factory.mktemp("flux_runs")
-    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
-    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:flux_tiny",
-                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT, env=env)
-            for mode, extra in MODES.items()]
-    for job, res in zip(jobs, run_side_by_side(jobs)):
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return tmp
+    return train_modes(tmp, "flux_tiny", cache, RUN, MODES)
 
 
 def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
@@ -304,15 +298,9 @@ def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Ten
 
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
-    from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import make_trainable
 
-    pipe = load_pipeline("flux-tiny", resolution=RES)
+    pipe = policy_from_checkpoint("flux-tiny", ckpt, lora, resolution=RES)
     pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=GUIDANCE))))
-    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
-        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
-        pipe.adapter.lora_target_modules)
-    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
     with torch.no_grad():
         emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb,

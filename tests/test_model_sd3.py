@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from helpers import cpu_env, run_side_by_side
+from helpers import cpu_env, policy_from_checkpoint, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -252,30 +252,16 @@ def test_sd35_medium_random_build_has_the_real_shapes_on_the_meta_device():
 def runs(tmp_path_factory, cache):
     """A 2-epoch sd3_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
     tmp = tmp_path_factory.mktemp("sd3_runs")
-    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
-    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd3_tiny",
-                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT, env=env)
-            for mode, extra in MODES.items()]
-    for job, res in zip(jobs, run_side_by_side(jobs)):
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return tmp
+    return train_modes(tmp, "sd3_tiny", cache, RUN, MODES)
 
 
 def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
     """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, CFG
     with the empty prompt's condition as the trainer does) by our sampler."""
-    from ml_collections import ConfigDict
-
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
-    from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import make_trainable
 
-    pipe = load_pipeline("sd3-tiny")
-    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
-        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
-        pipe.adapter.lora_target_modules)
-    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    pipe = policy_from_checkpoint("sd3-tiny", ckpt, lora)
     with torch.no_grad():
         emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
         neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)

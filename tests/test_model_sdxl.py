@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from helpers import cpu_env, run_side_by_side
+from helpers import cpu_env, policy_from_checkpoint, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,12 +82,7 @@ def tiny_cache(tmp_path_factory):
 def runs(tiny_cache, tmp_path_factory):
     """A 2-epoch sdxl_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
     tmp = tmp_path_factory.mktemp("sdxl_runs")
-    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:sdxl_tiny",
-                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT,
-                 env=cpu_env(DDPO_GRPO_TINY_CACHE=tiny_cache)) for mode, extra in MODES.items()]
-    for res in run_side_by_side(jobs):
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return tmp
+    return train_modes(tmp, "sdxl_tiny", tiny_cache, RUN, MODES)
 
 
 def test_tiny_build_loads_in_diffusers_and_ours_with_the_pipelines_condition(tiny_cache):
@@ -207,18 +202,10 @@ def test_training_is_on_policy(runs, mode):
 def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
     """The trained policy, rebuilt from the checkpoint's training state as the trainer holds it, sampled
     deterministically (DDIM eta 0, guided by the empty prompt's condition) by our sampler."""
-    from ml_collections import ConfigDict
-
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
-    from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import make_trainable
 
-    pipe = load_pipeline("sdxl-tiny")
-    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
-        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
-        pipe.adapter.lora_target_modules)
-    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    pipe = policy_from_checkpoint("sdxl-tiny", ckpt, lora)
     with torch.no_grad():
         emb = pipe.encode(PROMPTS)
         neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_env, run_side_by_side
+from helpers import cpu_env, policy_from_checkpoint, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,30 +276,16 @@ def test_grid_shows_frame_strips_and_wandb_gets_a_video_per_sample():
 def runs(tmp_path_factory, cache):
     """A 2-epoch wan_tiny run per mode (checkpoints after epochs 1 and 2), side by side."""
     tmp = tmp_path_factory.mktemp("wan_runs")
-    env = cpu_env(DDPO_GRPO_TINY_CACHE=cache)
-    jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:wan_tiny",
-                       f"--config.logdir={tmp}", f"--config.run_name={mode}", *RUN, *extra], cwd=ROOT, env=env)
-            for mode, extra in MODES.items()]
-    for job, res in zip(jobs, run_side_by_side(jobs)):
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return tmp
+    return train_modes(tmp, "wan_tiny", cache, RUN, MODES)
 
 
 def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
     """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, CFG
     with the empty prompt's condition as the trainer does) by our sampler: frames (B, F, 3, H, W)."""
-    from ml_collections import ConfigDict
-
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
-    from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import make_trainable
 
-    pipe = load_pipeline("wan-tiny", resolution=SIZE, num_frames=FRAMES)
-    make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
-        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))),
-        pipe.adapter.lora_target_modules)
-    pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    pipe = policy_from_checkpoint("wan-tiny", ckpt, lora, resolution=SIZE, num_frames=FRAMES)
     with torch.no_grad():
         emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
         neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)
