@@ -230,6 +230,18 @@ def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_ty
         assert w is None if size == 0 else (0 <= w[0] and w[0] + w[1] <= stochastic_steps(c))
 
 
+def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():
+    # DDIM has no CPS endpoint: its last step is stochastic, so a sliding window of 3 in 10 steps has 8 starts
+    # (0..7) even when sample.sde_type is "cps" (a flow-only option that DDIM ignores); the flow CPS room is 9 steps.
+    from ddpo_grpo.trainer.sampling import sde_window, stochastic_steps
+
+    c = _config("tiny")
+    _window(c, 3, 0, "sliding", "cps")
+    assert stochastic_steps(c, "ddim") == c.sample.num_steps == 10 and stochastic_steps(c, "flow") == 9
+    assert sorted({sde_window(c, e, "ddim")[0] for e in range(16)}) == list(range(8))
+    assert sorted({sde_window(c, e, "flow")[0] for e in range(16)}) == list(range(7))
+
+
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):
     from ddpo_grpo.trainer.build import validate_config
 

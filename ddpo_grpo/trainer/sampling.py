@@ -53,16 +53,15 @@ SDE_WINDOW_MODES = ("fixed", "random", "sliding")
 
 def stochastic_steps(config, family: str = "flow") -> int:
     """How many of the sample.num_steps steps are stochastic (and so trainable), the room an SDE window has:
-    all of them, but the last for a flow model with sde_type "cps" (zero variance at sigma' = 0: it runs the ODE).
-    `family` defaults to "flow" because SDE windows are a flow-only option (validate_config refuses them for
-    DDIM), and this is the window's room."""
+    all of them, but the last for a flow model with sde_type "cps" (zero variance at sigma' = 0: it runs the ODE);
+    every step for DDIM, whatever sde_type says. This is the room of an SDE window or a tree's splits."""
     return get_family(family).stochastic_steps(config.sample.num_steps, config.sample.sde_type)
 
 
-def sde_window(config, epoch: int) -> Optional[tuple]:
+def sde_window(config, epoch: int, family: str = "flow") -> Optional[tuple]:
     """(start, size) of the stochastic window for this epoch, identical on every process, or None (size 0).
-    The window lies within the stochastic steps (`stochastic_steps`); validate_config checks that it fits."""
-    w, T = config.sample.sde_window_size, stochastic_steps(config)
+    The window lies within `family`'s stochastic steps (`stochastic_steps`); validate_config checks that it fits."""
+    w, T = config.sample.sde_window_size, stochastic_steps(config, family)
     if not w:
         return None
     mode = config.sample.sde_window_mode
@@ -141,7 +140,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     unet = ctx.unet
     unet.eval()
     settings = sampler_settings(config, ctx.pipe.family)
-    window = sde_window(config, epoch)
+    window = sde_window(config, epoch, ctx.pipe.family)
     tree = ctx.tree
     per_step = config.reward.per_step
     parts, futures = [], []
