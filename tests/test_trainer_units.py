@@ -226,8 +226,8 @@ def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_ty
     _window(c, size, start, mode, sde_type)
     validate_config(c, num_processes=1)  # size 0 = no window: its start is not read
     for epoch in range(12):
-        w = sde_window(c, epoch)
-        assert w is None if size == 0 else (0 <= w[0] and w[0] + w[1] <= stochastic_steps(c))
+        w = sde_window(c, epoch, "flow")
+        assert w is None if size == 0 else (0 <= w[0] and w[0] + w[1] <= stochastic_steps(c, "flow"))
 
 
 def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():

@@ -51,14 +51,14 @@ class EpochSamples:
 SDE_WINDOW_MODES = ("fixed", "random", "sliding")
 
 
-def stochastic_steps(config, family: str = "flow") -> int:
+def stochastic_steps(config, family: str) -> int:
     """How many of the sample.num_steps steps are stochastic (and so trainable), the room an SDE window has:
     all of them, but the last for a flow model with sde_type "cps" (zero variance at sigma' = 0: it runs the ODE);
     every step for DDIM, whatever sde_type says. This is the room of an SDE window or a tree's splits."""
     return get_family(family).stochastic_steps(config.sample.num_steps, config.sample.sde_type)
 
 
-def sde_window(config, epoch: int, family: str = "flow") -> Optional[tuple]:
+def sde_window(config, epoch: int, family: str) -> Optional[tuple]:
     """(start, size) of the stochastic window for this epoch, identical on every process, or None (size 0).
     The window lies within `family`'s stochastic steps (`stochastic_steps`); validate_config checks that it fits."""
     w, T = config.sample.sde_window_size, stochastic_steps(config, family)
@@ -76,7 +76,7 @@ def sde_window(config, epoch: int, family: str = "flow") -> Optional[tuple]:
     return (start, w)
 
 
-def branch_spec(config, family: str = "flow") -> Optional[BranchSpec]:
+def branch_spec(config, family: str) -> Optional[BranchSpec]:
     """The tree of `sample.branch_steps` x `sample.branches` (core.branching), or None without branch steps. Raises
     ConfigError with one line for a tree that cannot be sampled or trained: a split outside the stochastic steps,
     fewer than 2 branches, k or the batch not holding whole trees, or an option that means something else per
