@@ -73,16 +73,42 @@ def decode(vae, latents: torch.Tensor) -> torch.Tensor:
                    else contextlib.nullcontext())
             with off:  # WanPipeline's order: cast to vae.dtype, then un-normalise in that dtype
                 latents = latents.to(vae.dtype)
-                shape = (1, -1) + (1,) * (latents.ndim - 2)
-                mean = torch.tensor(cfg.latents_mean).view(shape).to(latents.device, latents.dtype)
-                inv_std = 1.0 / torch.tensor(cfg.latents_std).view(shape).to(latents.device, latents.dtype)
-                latents = vae.decode(latents / inv_std + mean, return_dict=False)[0]
+                mean, std = _latent_stats(cfg, latents)
+                latents = vae.decode(latents / (1.0 / std) + mean, return_dict=False)[0]  # WanPipeline's form
         else:
             shift = getattr(cfg, "shift_factor", None) or 0.0
             latents = vae.decode(latents / cfg.scaling_factor + shift, return_dict=False)[0]
         if latents.ndim == 5:  # video (B, 3, F, H, W) -> frames (B, F, 3, H, W)
             latents = latents.permute(0, 2, 1, 3, 4)
     return (latents.float() / 2 + 0.5).clamp(0, 1)
+
+
+def _latent_stats(cfg, like: torch.Tensor):
+    """(mean, std) of a latents_mean / latents_std VAE config, shaped to broadcast over (B, C, ...) like `like`."""
+    shape = (1, -1) + (1,) * (like.ndim - 2)
+    mean = torch.tensor(cfg.latents_mean).view(shape).to(like.device, like.dtype)
+    std = torch.tensor(cfg.latents_std).view(shape).to(like.device, like.dtype)
+    return mean, std
+
+
+@torch.no_grad()
+def encode_frames(vae, frames: torch.Tensor) -> torch.Tensor:
+    """Frames (B, F, 3, H, W) in [0, 1] -> normalised latents (B, C, F', H', W'): the posterior mean, then
+    (z - latents_mean) / latents_std, the inverse of `decode` for a latents_mean / latents_std VAE (Wan's), run in the
+    VAE's dtype with autocast off as decode is. ReCamMaster conditions on a source clip encoded this way."""
+    import contextlib
+
+    cfg = vae.config
+    if getattr(cfg, "latents_mean", None) is None:
+        raise ValueError("encode_frames needs a VAE with latents_mean / latents_std (AutoencoderKLWan)")
+    device = frames.device.type
+    off = (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
+           else contextlib.nullcontext())
+    with off:
+        x = (frames.to(vae.dtype) * 2 - 1).permute(0, 2, 1, 3, 4)  # (B, 3, F, H, W) in [-1, 1]
+        z = vae.encode(x).latent_dist.mean
+        mean, std = _latent_stats(cfg, z)
+        return (z - mean) / std
 
 
 def window_range(num_steps: int, window: Optional[Sequence[int]]) -> range:

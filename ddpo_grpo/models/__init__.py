@@ -37,7 +37,9 @@ GPU_ONLY = ("sdxl-random", "sd35-medium-random", "flux-dev-random", "wan21-1.3b-
 # Tiny random builds of other architectures ("module:function(out_dir)", seeded random weights, tokenizers built
 # locally): written with save_pretrained into TINY_CACHE on first use, then loaded from that folder like a user's.
 TINY_BUILDS = {"sdxl-tiny": "ddpo_grpo.models.sdxl:build_tiny", "sd3-tiny": "ddpo_grpo.models.sd3:build_tiny",
-               "flux-tiny": "ddpo_grpo.models.flux:build_tiny", "wan-tiny": "ddpo_grpo.models.wan:build_tiny"}
+               "flux-tiny": "ddpo_grpo.models.flux:build_tiny", "wan-tiny": "ddpo_grpo.models.wan:build_tiny",
+               # wan-tiny plus recammaster.ckpt: train with pretrained.recam_checkpoint="recammaster.ckpt"
+               "recam-tiny": "ddpo_grpo.models.recam:build_tiny"}
 TINY_CACHE = os.environ.get("DDPO_GRPO_TINY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ddpo_grpo",
                                                                       "tiny_builds")
 # The bundled models: in a source checkout (editable install or none) the top-level assets/ beside ddpo_grpo/;
@@ -116,9 +118,19 @@ def tiny_build(name: str) -> str:
 BUILD_STAMP = "build_stamp.txt"  # in a tiny build's folder: the sha1 of the builder module it was made by
 
 
-def model_adapter(path_or_name: str):
+def model_adapter(path_or_name: str, recam_checkpoint: str = ""):
     """The architecture adapter (models/base.py) of a bundled, built or folder model; ConfigError for a pipeline
-    class no adapter loads."""
+    class no adapter loads. With a ReCamMaster checkpoint (pretrained.recam_checkpoint) the folder must be a
+    WanPipeline and the adapter is models.recam's."""
+    if recam_checkpoint:
+        from .wan import WanAdapter
+
+        if path_or_name in BUILT or not isinstance(adapter_for(resolve_model_path(path_or_name)), WanAdapter):
+            raise ConfigError(f"pretrained.recam_checkpoint goes with a Wan 2.1 folder (WanPipeline); "
+                              f"{path_or_name!r} is not one")
+        from .recam import ADAPTER as RECAM
+
+        return RECAM
     if path_or_name in BUILT:
         import importlib
 
@@ -146,7 +158,7 @@ def build_model(name: str, torch_dtype: torch.dtype = torch.float32, device: str
 
 
 def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu",
-                  resolution: int = 0, num_frames: int = 0) -> LoadedPipeline:
+                  resolution: int = 0, num_frames: int = 0, recam_checkpoint: str = "") -> LoadedPipeline:
     """Load a model's components from a local folder, never the hub, through its architecture's adapter (chosen by
     model_index.json's `_class_name`); or build a BUILT model ("sd15-random", ...: build_model) at `resolution`
     pixels (0: native). torch_dtype: the run's compute dtype (base.run_dtype); components load in base.component_dtype's
@@ -156,12 +168,14 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
     -> "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
     checkpoints. num_frames: frames of a video model's samples (0: its default); refused for image models.
     """
-    adapter = model_adapter(path_or_name)
+    adapter = model_adapter(path_or_name, recam_checkpoint)
     if num_frames and not getattr(adapter, "video", False):
         raise ConfigError(f"num_frames={num_frames} applies to video models; {path_or_name!r} makes images")
     if path_or_name in BUILT:
         return build_model(path_or_name, torch_dtype, device, resolution, num_frames)
     kw = {"num_frames": num_frames} if num_frames else {}
+    if recam_checkpoint:
+        kw["checkpoint"] = recam_checkpoint
     return adapter.load(resolve_model_path(path_or_name), torch_dtype=torch_dtype, device=device,
                         resolution=resolution, **kw)
 

@@ -170,6 +170,26 @@ class ModelAdapter:
     def sample_shape(self, pipe: LoadedPipeline) -> tuple:
         raise NotImplementedError
 
+    full_trainable: Tuple[str, ...] = ()  # name fragments a full fine-tune trains (empty: every parameter)
+
+    def condition_channels(self, pipe: LoadedPipeline, items: Sequence[dict], device) -> Optional[torch.Tensor]:
+        """The per-sample conditioning concatenated to the noisy latents' channels (core.policy_step), (B, C', ...)
+        like the latents, or None: the items' "cond_image" tensors where they have them (the recam image world).
+        Adapters whose condition must be computed from the item (models.recam: a VAE-encoded source clip) override
+        it; the trainer caches the result per condition index."""
+        if "cond_image" not in items[0]:
+            return None
+        return torch.stack([it["cond_image"] for it in items]).to(device)
+
+    def meta_denoiser(self, model: torch.nn.Module) -> torch.nn.Module:
+        """An empty (meta-device) copy of the diffusers denoiser `model`, for exports to load tensors into."""
+        with torch.device("meta"):
+            return type(model).from_config(model.config)
+
+    def write_extra(self, pipe: LoadedPipeline, unet: torch.nn.Module, state: Dict[str, torch.Tensor], out_dir: str,
+                    lora: bool) -> None:
+        """Files an export holds beyond diffusers' formats (models.recam: the ReCamMaster checkpoint). Default none."""
+
     def configure(self, pipe: LoadedPipeline, config) -> None:
         """The run's settings that the model takes beyond its folder, applied after load (FLUX.1-dev: the embedded
         guidance, pretrained.embedded_guidance). Default: none."""

@@ -54,6 +54,7 @@ def write_export(pipe, unet: torch.nn.Module, state: Dict[str, torch.Tensor], ou
         _write_lora(pipe, unet, state, tmp)
     else:
         _write_full(pipe, unet, state, tmp)
+    pipe.adapter.write_extra(pipe, unet, state, tmp, lora)
     with open(os.path.join(tmp, EXPORT_INFO), "w") as f:
         json.dump(dict(info, lora=bool(lora)), f, indent=1)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -75,8 +76,7 @@ def _write_full(pipe, unet, state, out_dir) -> None:
     # A second denoiser built on the meta device and given the exported tensors (assign: no copy, no memory of a
     # second model), so that the live module, whose weights may be another policy's, is left alone.
     model = inner_model(unet)
-    with torch.device("meta"):
-        denoiser = type(model).from_config(model.config)
+    denoiser = pipe.adapter.meta_denoiser(model)
     missing, unexpected = denoiser.load_state_dict(inner_state(unet, state), strict=False, assign=True)
     if missing or unexpected:
         raise ExportError(f"the exported weights do not fit {type(model).__name__}: missing {missing[:3]}, "

@@ -80,7 +80,10 @@ class WanAdapter(ModelAdapter):
     fsdp_block_classes = ("WanTransformerBlock",)
     video = True
 
-    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0) -> LoadedPipeline:
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0,
+             transformer=None) -> LoadedPipeline:
+        """The folder's components; `transformer`: a denoiser to use instead of the folder's weights (models.recam's,
+        built from the folder's config and a ReCamMaster checkpoint)."""
         from diffusers import AutoencoderKLWan, WanTransformer3DModel
         from transformers import AutoTokenizer, UMT5EncoderModel
 
@@ -104,8 +107,8 @@ class WanAdapter(ModelAdapter):
                               "use_flow_sigmas, not FlowMatchEulerDiscreteScheduler); Wan trains with the flow family")
         kw = dict(local_files_only=True)
         parts = dict(
-            transformer=WanTransformer3DModel.from_pretrained(path, subfolder="transformer", torch_dtype=component_dtype(
-                "denoiser", torch_dtype), **kw).to(device),
+            transformer=transformer if transformer is not None else WanTransformer3DModel.from_pretrained(
+                path, subfolder="transformer", torch_dtype=component_dtype("denoiser", torch_dtype), **kw).to(device),
             # UMT5-XXL: 11 GB in bf16, 23 GB in float32
             text_encoder=UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=component_dtype(
                 "text_encoder", torch_dtype), **kw).to(device),

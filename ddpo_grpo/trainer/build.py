@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
@@ -63,6 +64,30 @@ class RunContext:
     supervised: Optional[Any] = None
     old_policy: Optional[Any] = None  # EMAReference: nft's sampling policy when train.nft_old_decay > 0
     tree: Optional[Any] = None  # core.branching.BranchSpec of sample.branch_steps, or None (no branching)
+    cond_cache: Dict[int, torch.Tensor] = field(default_factory=dict)  # condition index -> its conditioning channels
+
+    COND_CACHE_SIZE = 64  # conditions kept (host memory): a real-size ReCamMaster condition is ~15 MB
+
+    def cond_channels(self, items) -> Optional[torch.Tensor]:
+        """The items' conditioning channels (ModelAdapter.condition_channels: (B, C', ...) or None), computed once
+        per condition index (a source clip is VAE-encoded once, not k times) and kept on the host."""
+        adapter, device = self.pipe.adapter, self.accelerator.device
+        if not items or "cond_image" in items[0]:  # ready-made tensors (the recam image world): nothing to cache
+            return adapter.condition_channels(self.pipe, items, device) if items else None
+        have: Dict[int, torch.Tensor] = {}
+        for it in items:
+            i = int(it["index"])
+            if i in have:
+                continue
+            if i not in self.cond_cache:
+                out = adapter.condition_channels(self.pipe, [it], device)
+                if out is None:
+                    return None
+                while len(self.cond_cache) >= self.COND_CACHE_SIZE:
+                    self.cond_cache.pop(next(iter(self.cond_cache)))
+                self.cond_cache[i] = out[0].cpu()
+            have[i] = self.cond_cache[i]
+        return torch.stack([have[int(it["index"])] for it in items]).to(device)
 
     def sampling_policy(self):
         """Context in which self.unet holds the sampling policy's weights: theta_old when nft soft-updates it
@@ -86,6 +111,37 @@ def model_family(config) -> str:
     except ModelPathError as e:
         raise ConfigError(f"pretrained.model: {e}") from None
     return scheduler_family(path)
+
+
+def recam_checkpoint(config) -> str:
+    """pretrained.recam_checkpoint as a path: a file, or a file inside the model folder (a bundled model's own)."""
+    ckpt = str(config.pretrained.get("recam_checkpoint", "") or "")
+    if ckpt and not os.path.isfile(ckpt) and not os.path.isabs(ckpt):
+        from ddpo_grpo.models import ModelPathError, resolve_model_path
+
+        try:
+            inside = os.path.join(resolve_model_path(config.pretrained.model), ckpt)
+        except ModelPathError:
+            return ckpt
+        return inside if os.path.isfile(inside) else ckpt
+    return ckpt
+
+
+def check_recam_checkpoint(config) -> None:
+    """A ReCamMaster checkpoint that cannot be read, has no camera layers or does not fit the Wan folder's
+    transformer is one ConfigError line here, before anything heavy loads."""
+    ckpt = recam_checkpoint(config)
+    if not ckpt:
+        return
+    from diffusers import WanTransformer3DModel
+
+    from ddpo_grpo.models import model_adapter, resolve_model_path
+    from ddpo_grpo.models.recam import RecamAdapter, read_checkpoint
+
+    model_adapter(config.pretrained.model, ckpt)  # a Wan folder, or one line
+    cfg = WanTransformer3DModel.load_config(resolve_model_path(config.pretrained.model), subfolder="transformer",
+                                            local_files_only=True)
+    RecamAdapter.check_checkpoint(read_checkpoint(ckpt), cfg, ckpt)
 
 
 def check_resolution(config) -> None:
@@ -124,6 +180,7 @@ def validate_config(config, num_processes: int) -> str:
     s, t = config.sample, config.train
     family = model_family(config)
     check_resolution(config)
+    check_recam_checkpoint(config)
     get_family(family).check_sample_config(s)  # eta > 0 (DDIM), noise_level > 0 (flow), windows for flow only
     if s.sde_type not in SDE_TYPES:
         raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
@@ -260,9 +317,11 @@ def adapt_lr_scale(scale: float, shift_kl: float, target: float) -> float:
     return min(max(scale, LR_SCALE_BOUNDS[0]), LR_SCALE_BOUNDS[1])
 
 
-def make_trainable(unet: torch.nn.Module, config, target_modules=None) -> torch.optim.Optimizer:
+def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trainable=()) -> torch.optim.Optimizer:
     """LoRA adapters (peft, on the architecture's target_modules: ModelAdapter.lora_target_modules) or the full
-    denoiser made trainable; returns AdamW over the trainable parameters."""
+    denoiser made trainable (only the parameters whose names hold one of `full_trainable`'s fragments where it is
+    given: ModelAdapter.full_trainable, e.g. ReCamMaster's camera layers and self-attention); returns AdamW over the
+    trainable parameters."""
     if config.use_lora:
         from peft import LoraConfig
 
@@ -272,6 +331,9 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None) -> torch.
         inner_model(unet).add_adapter(LoraConfig(
             r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
             target_modules=list(target_modules or SD.lora_target_modules)))
+    elif full_trainable:
+        for name, p in unet.named_parameters():
+            p.requires_grad_(any(f in name for f in full_trainable))
     else:
         unet.requires_grad_(True)
     t = config.train
@@ -293,10 +355,10 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     # in float32 (models.base.component_dtype).
     dtype = run_dtype(accelerator.mixed_precision)
     pipe = load_pipeline(config.pretrained.model, torch_dtype=dtype, device=accelerator.device,
-                         resolution=config.pretrained.resolution)
+                         resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint(config))
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
     unet = pipe.unet
-    optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules)
+    optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules, pipe.adapter.full_trainable)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
     t = config.train
     # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
-from .sampling import sampler_settings, stack_items
+from .sampling import sampler_settings
 
 
 def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
@@ -35,7 +35,7 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool):
                 traj = pipeline_with_logprob(ctx.unet, ctx.pipe.scheduler, settings, ctx.encode(prompts), neg,
                                              num_inference_steps=config.sample.num_steps, sample_shape=ctx.pipe.sample_shape,
                                              generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,
-                                             cond_channels=stack_items(items, acc.device))
+                                             cond_channels=ctx.cond_channels(items))
             metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
             res = ctx.rewards(traj.images.cpu(), prompts, metadata)
             scores.append(res.final)

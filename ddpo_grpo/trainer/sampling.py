@@ -127,12 +127,6 @@ def sampler_settings(config, family: str) -> SamplerSettings:
                            noise_level=config.sample.noise_level, sde_type=config.sample.sde_type)
 
 
-def stack_items(items: List[Dict[str, Any]], device) -> Optional[torch.Tensor]:
-    if "cond_image" not in items[0]:
-        return None
-    return torch.stack([it["cond_image"] for it in items]).to(device)
-
-
 @torch.no_grad()
 def sample_epoch(ctx, epoch: int) -> EpochSamples:
     """Run this process's sampling batches of `epoch`; rewards are submitted to ctx.rewards as we go."""
@@ -153,7 +147,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
             embeds = ctx.encode(prompts)
             neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
             gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
-            cond = stack_items(items, acc.device)
+            cond = ctx.cond_channels(items)
             latents = None
             if config.sample.shared_init_noise:
                 latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)

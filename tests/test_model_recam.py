@@ -1,0 +1,319 @@
+"""ReCamMaster (models/recam.py): a checkpoint written here by the test's own code, under the original Wan key
+names, loads through diffusers' converter; the camera block math against a direct re-implementation of the
+equations; CFG; bad checkpoints are one line; exports give back the input's keys; the render script agrees with an
+independent Euler loop."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from ddpo_grpo.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE, FRAMES = 32, 5  # wan-tiny: latents (16, 2, 4, 4)
+
+# The test's own reading of the original Wan <-> diffusers names (not the library's table).
+_OWN = [("self_attn.q.", "attn1.to_q."), ("self_attn.k.", "attn1.to_k."), ("self_attn.v.", "attn1.to_v."),
+        ("self_attn.o.", "attn1.to_out.0."), ("self_attn.norm_q", "attn1.norm_q"), ("self_attn.norm_k", "attn1.norm_k"),
+        ("cross_attn.q.", "attn2.to_q."), ("cross_attn.k.", "attn2.to_k."), ("cross_attn.v.", "attn2.to_v."),
+        ("cross_attn.o.", "attn2.to_out.0."), ("cross_attn.norm_q", "attn2.norm_q"),
+        ("cross_attn.norm_k", "attn2.norm_k"), ("ffn.0.", "ffn.net.0.proj."), ("ffn.2.", "ffn.net.2."),
+        ("text_embedding.0.", "condition_embedder.text_embedder.linear_1."),
+        ("text_embedding.2.", "condition_embedder.text_embedder.linear_2."),
+        ("time_embedding.0.", "condition_embedder.time_embedder.linear_1."),
+        ("time_embedding.2.", "condition_embedder.time_embedder.linear_2."),
+        ("time_projection.1.", "condition_embedder.time_proj."), ("head.head.", "proj_out.")]
+
+
+def own_original_name(key: str) -> str:
+    """diffusers name -> the original Wan name, as ReCamMaster's state_dict() spells it."""
+    if key == "scale_shift_table":
+        return "head.modulation"
+    if key.endswith(".scale_shift_table"):
+        return key[:-len("scale_shift_table")] + "modulation"
+    for orig, new in _OWN:
+        if new in key:
+            return key.replace(new, orig)
+    if ".norm2." in key:
+        return key.replace(".norm2.", ".norm3.")  # diffusers' norm2 is the cross-attention norm: Wan's norm3
+    return key
+
+
+@pytest.fixture(scope="module")
+def wan_folder():
+    from ddpo_grpo.models import resolve_model_path
+
+    return resolve_model_path("wan-tiny")
+
+
+def write_recam_checkpoint(folder, path, seed=3, cam_dim=12, drop_camera=False):
+    """A ReCamMaster-format checkpoint of the folder's transformer: original names + random camera layers."""
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer")
+    state = {own_original_name(k): v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(seed)
+    dim = model.config.num_attention_heads * model.config.attention_head_dim
+    if not drop_camera:
+        for i in range(model.config.num_layers):
+            state[f"blocks.{i}.cam_encoder.weight"] = torch.randn(dim, cam_dim, generator=g) * 0.5
+            state[f"blocks.{i}.cam_encoder.bias"] = torch.randn(dim, generator=g) * 0.1
+            state[f"blocks.{i}.projector.weight"] = torch.eye(dim) + torch.randn(dim, dim, generator=g) * 0.1
+            state[f"blocks.{i}.projector.bias"] = torch.randn(dim, generator=g) * 0.1
+    if path.endswith(".safetensors"):
+        from safetensors.torch import save_file
+
+        save_file(state, path)
+    else:
+        torch.save(state, path)
+    return state
+
+
+@pytest.fixture(scope="module")
+def ckpt(wan_folder, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("recam") / "step20000.ckpt")
+    write_recam_checkpoint(wan_folder, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pipe(wan_folder, ckpt):
+    from ddpo_grpo.models import load_pipeline
+
+    return load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ckpt)
+
+
+def reference_velocity(model, x, source, cams, t, emb):
+    """The equations of the issue, written out: cat([x, source]) on frames, per block x_mod = modulate(norm1(x)) +
+    cam_encoder(cam of the token's frame mod F), x += gate * projector(self_attn(x_mod)), Wan's cross-attention and
+    FFN, the first F frames of the prediction. Wan's own attention processor is the primitive (called directly, so
+    the library's hooks are not involved)."""
+    inp = torch.cat([x, source], dim=2)
+    B, C, F2, H, W = inp.shape
+    F = x.shape[2]
+    rope = model.rope(inp)
+    h = model.patch_embedding(inp).flatten(2).transpose(1, 2)
+    temb, proj, enc, _ = model.condition_embedder(t, emb, None)
+    proj = proj.unflatten(1, (6, -1))
+    hp, wp = H // 2, W // 2
+    frame_of_token = torch.arange(F2).repeat_interleave(hp * wp) % F  # token order (frame, row, column)
+    cam_tok = cams[:, frame_of_token]  # (B, S, 12)
+    for blk in model.blocks:
+        shift, scale, gate, c_shift, c_scale, c_gate = (blk.scale_shift_table + proj.float()).chunk(6, dim=1)
+        x_mod = (blk.norm1(h.float()) * (1 + scale) + shift) + blk.cam_encoder(cam_tok)
+        h = h + gate * blk.projector(blk.attn1.processor(blk.attn1, x_mod, None, None, rope))
+        h = h + blk.attn2.processor(blk.attn2, blk.norm2(h), enc, None, None)
+        h = h + c_gate * blk.ffn((blk.norm3(h) * (1 + c_scale) + c_shift))
+    shift, scale = (model.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+    h = model.proj_out(model.norm_out(h) * (1 + scale) + shift)
+    out = h.reshape(B, F2, hp, wp, 1, 2, 2, C).permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(B, C, F2, H, W)
+    return out[:, :, :F]
+
+
+def _inputs(pipe, B=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C, F, h, w = pipe.sample_shape
+    items = [{"index": i, "source_video": torch.rand(FRAMES, 3, SIZE, SIZE, generator=g),
+              "cameras": torch.randn(F, 12, generator=g)} for i in range(B)]
+    cond = pipe.adapter.condition_channels(pipe, items, "cpu")
+    x = torch.randn(B, C, F, h, w, generator=g)
+    return items, cond, x
+
+
+def test_checkpoint_keys_round_trip(pipe, ckpt):
+    from ddpo_grpo.models.recam import original_state, to_diffusers_key, to_original_key
+
+    state = torch.load(ckpt, weights_only=True)
+    for k in state:
+        assert to_original_key(to_diffusers_key(k)) == k
+    model = pipe.unet.model
+    mine = original_state(model)
+    assert set(mine) == set(state)
+    for k, v in state.items():  # every tensor of the file is the loaded model's
+        assert torch.equal(mine[k], v), k
+
+
+def test_block_math_matches_equations(pipe):
+    items, cond, x = _inputs(pipe)
+    C = pipe.sample_shape[0]
+    emb = pipe.encode(["a red circle", "a blue square"])
+    t = torch.tensor([700.0, 250.0])
+    with torch.no_grad():
+        got = pipe.unet(torch.cat([x, cond], 1), t, encoder_hidden_states=emb).sample
+        cams = torch.stack([torch.as_tensor(it["cameras"]) for it in items])
+        want = reference_velocity(pipe.unet.model, x, cond[:, :C], cams, t, emb)
+    assert got.shape == x.shape
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), (got - want).abs().max()
+    # the camera matters (random camera layers), and so does the source
+    cond2 = cond.clone()
+    cond2[:, C:] += 1.0
+    with torch.no_grad():
+        other = pipe.unet(torch.cat([x, cond2], 1), t, encoder_hidden_states=emb).sample
+    assert (other - got).abs().max() > 1e-3
+
+
+def test_source_latents_are_the_vae_posterior_mean_normalised(pipe):
+    items, cond, _ = _inputs(pipe, B=1)
+    vae = pipe.vae
+    with torch.no_grad():
+        z = vae.encode(items[0]["source_video"][None].permute(0, 2, 1, 3, 4) * 2 - 1).latent_dist.mean
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    C = z.shape[1]
+    assert torch.allclose(cond[:, :C], (z - mean) / std, atol=1e-6)
+    planes = cond[:, C:]
+    cams = torch.as_tensor(items[0]["cameras"])
+    assert torch.equal(planes[0, :, :, 2, 3], cams.T)  # constant planes: any pixel holds frame f's 12 numbers
+
+
+def test_cfg_passes_get_the_same_source_and_camera(pipe):
+    from ddpo_grpo.core.policy_step import denoiser_output
+
+    items, cond, x = _inputs(pipe)
+    emb, neg = pipe.encode(["a red circle", "a red circle"]), pipe.encode(["", ""])
+    t = torch.tensor([500.0, 500.0])
+    with torch.no_grad():
+        guided = denoiser_output(pipe.unet, x, t, emb, neg, 4.0, cond)
+        pos = pipe.unet(torch.cat([x, cond], 1), t, encoder_hidden_states=emb).sample
+        unc = pipe.unet(torch.cat([x, cond], 1), t, encoder_hidden_states=neg).sample
+    assert torch.allclose(guided, unc + 4.0 * (pos - unc), atol=1e-5)
+
+
+def test_fsdp2_blocks_hold_the_camera_layers(pipe):
+    from ddpo_grpo.models.recam import ADAPTER
+
+    assert ADAPTER.fsdp_block_classes == ("WanTransformerBlock",)
+    for name, p in pipe.unet.model.named_parameters():
+        if "cam_encoder" in name or "projector" in name:
+            assert name.startswith("blocks."), name  # sharded with the block that uses them
+
+
+@pytest.mark.parametrize("case", ["plain_wan", "wrong_camera_dim", "damaged", "code_pickle", "wrong_width", "missing"])
+def test_bad_checkpoint_is_one_line(wan_folder, tmp_path, case):
+    from ddpo_grpo.models.recam import RecamAdapter, read_checkpoint
+    from diffusers import WanTransformer3DModel
+
+    path = str(tmp_path / "bad.ckpt")
+    if case == "plain_wan":
+        write_recam_checkpoint(wan_folder, path, drop_camera=True)
+        want = "no camera layers"
+    elif case == "wrong_camera_dim":
+        write_recam_checkpoint(wan_folder, path, cam_dim=16)
+        want = "camera numbers per frame"
+    elif case == "damaged":
+        write_recam_checkpoint(wan_folder, path)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+        want = "cannot be read"
+    elif case == "code_pickle":
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("echo pwned",))
+
+        with open(path, "wb") as f:
+            pickle.dump({"x": Evil()}, f)
+        want = "cannot be read as tensors only"
+    elif case == "wrong_width":
+        state = write_recam_checkpoint(wan_folder, path)
+        state["blocks.0.cam_encoder.weight"] = torch.zeros(48, 12)
+        torch.save(state, path)
+        want = "wide"
+    else:
+        path = str(tmp_path / "nope.ckpt")
+        want = "is not a file"
+    cfg = WanTransformer3DModel.load_config(wan_folder, subfolder="transformer")
+    with pytest.raises(ConfigError) as e:
+        RecamAdapter.check_checkpoint(read_checkpoint(path), cfg, path)
+    msg = str(e.value)
+    assert want in msg and "\n" not in msg and path in msg
+
+
+def test_train_refuses_a_bad_checkpoint_with_exit_2(wan_folder, tmp_path):
+    path = str(tmp_path / "plain.ckpt")
+    write_recam_checkpoint(wan_folder, path, drop_camera=True)
+    r = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:recam_video_tiny",
+                        f"--config.pretrained.model={wan_folder}", f"--config.pretrained.recam_checkpoint={path}",
+                        "--config.dry_run=True"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert "no camera layers" in lines[-1] and "Traceback" not in r.stderr
+
+
+def test_lora_merge_matches_peft(pipe, ckpt):
+    """merged_state (used for the LoRA export's recammaster.ckpt) equals peft's own merge."""
+    import copy
+
+    from peft import LoraConfig
+
+    from ddpo_grpo.models.recam import ADAPTER, merged_state
+
+    model = copy.deepcopy(pipe.unet.model)
+    model.add_adapter(LoraConfig(r=4, lora_alpha=8, init_lora_weights="gaussian",
+                                 target_modules=list(ADAPTER.lora_target_modules)))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.1)
+    merged = merged_state(model, model.state_dict())
+    want = copy.deepcopy(model)
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for m in want.modules():
+        if isinstance(m, BaseTunerLayer):
+            m.merge()
+    ref = {k.replace(".base_layer.", "."): v for k, v in want.state_dict().items() if ".lora_" not in k}
+    assert set(ref) == set(merged)
+    changed = 0
+    for k in ref:
+        assert torch.allclose(ref[k], merged[k], atol=1e-6), k
+        changed += not torch.equal(merged[k], pipe.unet.model.state_dict()[k])
+    assert changed >= 2 * 6  # every targeted linear of both blocks
+
+
+def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import recam_render
+
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+
+    items, cond, x = _inputs(pipe, B=1, seed=5)
+    src, cams = items[0]["source_video"], items[0]["cameras"]
+    np.save(tmp_path / "src.npy", src.numpy())
+    np.save(tmp_path / "cam.npy", cams.numpy())
+    np.save(tmp_path / "noise.npy", x.numpy())
+    out = tmp_path / "clip.npy"
+    rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
+                            "--camera", str(tmp_path / "cam.npy"), "--prompt", "a red circle", "--steps", "4",
+                            "--guidance", "3", "--noise", str(tmp_path / "noise.npy"), "--out", str(out)])
+    assert rc == 0
+    got = torch.from_numpy(np.load(out))
+    # independent: the flow-matching Euler update over the folder's shifted sigmas, CFG, decode
+    C = pipe.sample_shape[0]
+    sched = pipe.scheduler
+    sched.set_timesteps(4)
+    sigmas = sched.sigmas.clone()
+    pos, neg = pipe.encode(["a red circle"]), pipe.encode([""])
+    z = x.clone()
+    with torch.no_grad():
+        for i, t in enumerate(sched.timesteps):
+            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), pos)
+            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), neg)
+            z = z + (sigmas[i + 1] - sigmas[i]) * (vn + 3.0 * (vp - vn))
+        want = decode(pipe.vae, z)[0]
+    assert got.shape == (FRAMES, 3, SIZE, SIZE)
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import recam_render
+
+    np.save(tmp_path / "src.npy", np.full((5, 3, 32, 32), 2.0, dtype=np.float32))
+    rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
+                            "--camera", str(tmp_path / "none.npy"), "--prompt", "x", "--out", str(tmp_path / "o.npy")])
+    assert rc == 2
