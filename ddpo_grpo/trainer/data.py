@@ -105,8 +105,13 @@ def build_dataset(config, split: str):
         from ddpo_grpo.worlds.recam.data import RecamConditions
 
         ds = RecamConditions(split=split)
+    elif name == "recam_video":
+        from ddpo_grpo.worlds.recam.video_data import RecamVideoConditions
+
+        ds = RecamVideoConditions(split=split, num_frames=int(config.pretrained.get("num_frames", 0) or 9),
+                                  size=int(config.pretrained.get("resolution", 0) or 64))
     else:
-        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file' or 'recam'")
+        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file', 'recam' or 'recam_video'")
     return _subset(ds, config.data.num_conditions, config.seed) if split == "train" else ds
 
 

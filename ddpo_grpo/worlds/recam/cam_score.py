@@ -15,6 +15,18 @@ zoom_error < acc_zoom = 0.08), `translation_error`, `zoom_error` (NaN when the e
 and `estimate_failed` (1/0). An image in which nothing can be measured (e.g. all black) is a legitimate
 bad sample: score 0. Images with non-finite pixels score NaN (invalid), as in the toyworld reward.
 
+Video (clips (B, F, 3, H, W), the video world `ddpo_grpo.worlds.recam.video`): metadata[i]["source_video"]
+((F, 3, H, W), torch or numpy, in [0, 1]) and metadata[i]["motions"] ((F, 3): the requested (dx, dy, zoom) of
+target frame f relative to source frame f, in the world's 32-unit view coordinates). Frame f of clip i (frame 0,
+the identity, included) is estimated against source frame f and scored with the same formula; the estimator
+works in pixels of the frames it is given, so its (dx, dy) are scaled by 32 / W (views of any size S, e.g. 64).
+The clip's score is the mean over its frames. Details per clip: `cam_score_accuracy` (the fraction of accurate
+frames), `translation_error` and `zoom_error` (means over the measured frames, NaN when none was),
+`estimate_failed` (the fraction of frames not measured) and `cam_score_frame00`, `cam_score_frame01`, ... (each
+frame's score; the reward computer takes details of shape (B,), so per-frame values are one key per frame). A
+clip with any non-finite pixel scores NaN (its frame scores too). The reward function has `takes_clips = True`,
+so the registry hands it video batches whole (still images go the image path above, unchanged).
+
 cam_score measures geometry only (where and how large the content is); colour/shape fidelity and image
 quality are left to other rewards (e.g. `unifiedscore`).
 
@@ -34,6 +46,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
@@ -41,6 +54,8 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards._images import finite_rows, image_batch
+
+from .world import VIEW_SIZE
 
 Estimate = Optional[Tuple[float, float, float]]
 
@@ -138,6 +153,33 @@ def _camera(m, i: int) -> Tuple[float, float, float]:
     return dx, dy, zoom
 
 
+def _motions(m, i: int, frames: int) -> np.ndarray:
+    mo = m.get("motions") if isinstance(m, dict) else None
+    if isinstance(mo, torch.Tensor):
+        mo = mo.detach().cpu().double().numpy()
+    try:
+        a = np.asarray(mo, dtype=np.float64)
+    except (TypeError, ValueError):
+        a = np.zeros(0)
+    if a.shape != (frames, 3):
+        raise ValueError(f"cam_score on video needs metadata[{i}]['motions'] as an array ({frames}, 3) of "
+                         f"(dx, dy, zoom) per frame, got {getattr(a, 'shape', mo)!r}")
+    if not (a[:, 2] > 0).all():
+        raise ValueError(f"cam_score: metadata[{i}]['motions'] has a zoom <= 0; zooms must be > 0")
+    return a
+
+
+def _source_video(m, i: int, frames: int, hw: Tuple[int, int]) -> np.ndarray:
+    v = m.get("source_video") if isinstance(m, dict) else None
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().float().numpy()
+    a = np.asarray(v, dtype=np.float32) if v is not None else np.zeros(0)
+    if a.shape != (frames, 3) + tuple(hw):
+        raise ValueError(f"cam_score on video needs metadata[{i}]['source_video'] as an array ({frames}, 3, "
+                         f"{hw[0]}, {hw[1]}) in [0, 1] like the generated clips, got shape {a.shape}")
+    return a
+
+
 def score_motion(est: np.ndarray, req: np.ndarray, tau_translation: float = 2.0, tau_zoom: float = 0.1):
     """(scores, translation_error, zoom_error) for estimated and requested motions, both (B, 3) = (dx, dy, zoom).
 
@@ -152,6 +194,16 @@ def score_motion(est: np.ndarray, req: np.ndarray, tau_translation: float = 2.0,
     return scores, terr, zerr
 
 
+def video_batch(videos, reward_name: str) -> torch.Tensor:
+    """`videos` (B, F, 3, H, W) in [0, 1] (torch or numpy) as a float32 CPU tensor."""
+    if isinstance(videos, np.ndarray):
+        videos = torch.from_numpy(videos)
+    if not isinstance(videos, torch.Tensor) or videos.ndim != 5 or videos.shape[2] != 3:
+        raise ValueError(f"reward {reward_name!r} expects clips (B, F, 3, H, W), got "
+                         f"{tuple(getattr(videos, 'shape', ())) or type(videos).__name__}")
+    return videos.detach().to("cpu", torch.float32)
+
+
 def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs: Optional[dict] = None,
                    tau_translation: float = 2.0, tau_zoom: float = 0.1,
                    acc_translation: float = 1.5, acc_zoom: float = 0.08):
@@ -163,7 +215,32 @@ def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs
     est_fn = load_estimator(estimator, estimator_kwargs)
     batched = bool(getattr(est_fn, "batched", False))
 
+    def estimates(sources: np.ndarray, imgs: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """(N, 3) estimates (NaN rows: failed or not ok) of the motion from sources[n] to imgs[n] (N, 3, H, W)."""
+        n = len(imgs)
+        if batched:
+            est = np.asarray(est_fn(sources, imgs), dtype=np.float64)
+            if est.shape != (n, 3):
+                raise ValueError(f"cam_score: batched estimator returned shape {est.shape}, expected ({n}, 3)")
+        else:
+            est = np.full((n, 3), np.nan)
+            for i in range(n):
+                if ok[i]:
+                    e = est_fn(sources[i], imgs[i])
+                    if e is not None:
+                        est[i] = [float(v) for v in e]
+        est[~ok] = np.nan
+        return est
+
+    def accurate(terr: np.ndarray, zerr: np.ndarray) -> np.ndarray:
+        """Bool: measured, within acc_translation and within acc_zoom."""
+        failed = ~np.isfinite(terr)
+        return (~failed & (np.where(failed, np.inf, terr) < acc_translation)
+                & (np.where(failed, np.inf, zerr) < acc_zoom))
+
     def cam_score(images, prompts, metadata):
+        if getattr(images, "ndim", 0) == 5:
+            return cam_score_video(images, metadata)
         x = image_batch(images, "cam_score")
         b = x.shape[0]
         if metadata is None or len(metadata) != b:
@@ -173,21 +250,10 @@ def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs
         imgs = np.nan_to_num(x.numpy())
         req = np.array([_camera(m, i) for i, m in enumerate(metadata)], dtype=np.float64).reshape(b, 3)
         sources = [_as_array(m.get("source"), "source", i) for i, m in enumerate(metadata)]
-        if batched:
-            est = np.asarray(est_fn(np.stack(sources), imgs), dtype=np.float64)
-            if est.shape != (b, 3):
-                raise ValueError(f"cam_score: batched estimator returned shape {est.shape}, expected ({b}, 3)")
-        else:
-            est = np.full((b, 3), np.nan)
-            for i in range(b):
-                if ok[i]:
-                    e = est_fn(sources[i], imgs[i])
-                    if e is not None:
-                        est[i] = [float(v) for v in e]
-        est[~ok] = np.nan
+        est = estimates(np.stack(sources) if batched else sources, imgs, ok)
         scores, terr, zerr = score_motion(est, req, tau_translation, tau_zoom)
         failed = ~np.isfinite(terr)
-        acc = ~failed & (np.where(failed, np.inf, terr) < acc_translation) & (np.where(failed, np.inf, zerr) < acc_zoom)
+        acc = accurate(terr, zerr)
         scores = scores.astype(np.float32)
         scores[~ok] = np.nan
         details = {
@@ -198,4 +264,38 @@ def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs
         }
         return scores, details
 
+    def cam_score_video(videos, metadata):
+        """Clips (B, F, 3, H, W): every frame scored against its source frame and requested motion, then averaged."""
+        x = video_batch(videos, "cam_score")
+        b, f, _, h, w = x.shape
+        if metadata is None or len(metadata) != b:
+            raise ValueError(f"cam_score needs one metadata dict per clip: {b} clips, "
+                             f"{None if metadata is None else len(metadata)} metadata entries")
+        ok_clip = finite_rows(x)
+        ok = np.repeat(ok_clip, f)
+        imgs = np.nan_to_num(x.numpy()).reshape(b * f, 3, h, w)
+        req = np.concatenate([_motions(m, i, f) for i, m in enumerate(metadata)])
+        sources = np.concatenate([_source_video(m, i, f, (h, w)) for i, m in enumerate(metadata)])
+        est = estimates(sources, imgs, ok)
+        est[:, :2] *= VIEW_SIZE / w  # image px -> the world's 32-unit view coordinates of the requested motions
+        scores, terr, zerr = score_motion(est, req, tau_translation, tau_zoom)
+        acc = accurate(terr, zerr)
+        failed = ~np.isfinite(terr) & ok
+        per = lambda v: np.asarray(v, np.float64).reshape(b, f)  # noqa: E731
+        frame_scores = per(scores)
+        frame_scores[~ok_clip] = np.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN clips (no frame measured) stay NaN
+            terr_clip, zerr_clip = np.nanmean(per(terr), axis=1), np.nanmean(per(zerr), axis=1)
+        details = {
+            "cam_score_accuracy": per(acc).mean(axis=1),
+            "translation_error": terr_clip,
+            "zoom_error": zerr_clip,
+            "estimate_failed": per(failed).mean(axis=1),
+        }
+        details.update({f"cam_score_frame{k:02d}": frame_scores[:, k] for k in range(f)})
+        details = {k: np.asarray(v, np.float32) for k, v in details.items()}
+        return frame_scores.mean(axis=1).astype(np.float32), details
+
+    cam_score.takes_clips = True  # video batches come whole (ddpo_grpo.rewards.registry.RewardFn), see above
     return cam_score
