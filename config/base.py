@@ -48,6 +48,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Video models (Wan): frames per sample, 1 + 4k (the VAE compresses time 4x); 0 = the model's default (81).
     # Image models ignore it.
     config.pretrained.num_frames = 0
+    # ReCamMaster (models/recam.py): its checkpoint (.ckpt / .pt / .safetensors, original Wan keys + camera layers)
+    # over the Wan 2.1 folder in pretrained.model; a relative name is looked up inside that folder too. "" = none.
+    config.pretrained.recam_checkpoint = ""
 
     ###### Conditions ######
     config.data = ml_collections.ConfigDict()

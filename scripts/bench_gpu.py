@@ -44,7 +44,7 @@ SWITCHES = {  # name -> config overrides, measured one at a time against the bas
 # models.BUILT name -> its named config in config/grpo.py. The real-shape ones are models.GPU_ONLY: refused on a CPU
 # here (before any config is read; --dry-run builds them on "meta") and by the loader (for the trainer).
 MODELS = {"sd15-random": "sd15_random_bench", "sdxl-random": "sdxl", "sd35-medium-random": "sd3",
-          "flux-dev-random": "flux", "wan21-1.3b-random": "wan"}
+          "flux-dev-random": "flux", "wan21-1.3b-random": "wan", "recam-1.3b-random": "recam"}
 MAX_CPU_RESOLUTION = 128  # CPU runs are smoke tests: SD at 512 px on a CPU takes minutes per call
 
 
@@ -106,7 +106,7 @@ def condition_shape(pipe) -> tuple:
     UMT5's width): UMT5's padding mask reads a value, which a meta tensor has not."""
     import torch
 
-    if pipe.adapter.name == "wan":
+    if pipe.adapter.name in ("wan", "recam"):
         from ddpo_grpo.models.wan import MAX_SEQUENCE_LENGTH
 
         return (MAX_SEQUENCE_LENGTH, int(pipe.text_encoder.config.d_model))
@@ -118,7 +118,8 @@ def denoiser_inputs(pipe) -> tuple:
     """Meta tensors of one denoiser call on one row: x (1, *sample_shape), t (1,) and the condition (1, L, D)."""
     import torch
 
-    x = torch.zeros(1, *pipe.sample_shape, device="meta")
+    C, *rest = pipe.sample_shape  # plus the conditioning channels the denoiser takes (ReCamMaster: source, camera)
+    x = torch.zeros(1, C + pipe.adapter.condition_channel_count(pipe), *rest, device="meta")
     return x, torch.full((1,), 500.0, device="meta"), torch.zeros(1, *condition_shape(pipe), device="meta")
 
 

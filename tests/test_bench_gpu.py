@@ -31,8 +31,9 @@ def test_dry_run_plans_the_grid_and_validates_every_config():
     # one point per model at its named config's batch and CFG (FLUX.1-dev: embedded guidance, no CFG), each validated
     assert p3.returncode == 0, p3.stderr[-2000:]
     assert p3.stdout.strip().splitlines()[-1] == (
-        "plan: 5 points on cpu: sd15-random/lora/B8/cfg-on/none, sdxl-random/lora/B4/cfg-on/none, "
-        "sd35-medium-random/lora/B8/cfg-on/none, flux-dev-random/lora/B8/cfg-off/none, wan21-1.3b-random/lora/B2/cfg-on/none")
+        "plan: 6 points on cpu: sd15-random/lora/B8/cfg-on/none, sdxl-random/lora/B4/cfg-on/none, "
+        "sd35-medium-random/lora/B8/cfg-on/none, flux-dev-random/lora/B8/cfg-off/none, wan21-1.3b-random/lora/B2/cfg-on/none, "
+        "recam-1.3b-random/lora/B2/cfg-on/none")
     assert p.returncode == 0, p.stderr[-2000:]
     # 2 modes x 3 batch sizes x CFG off/on, no switches
     assert "plan: 12 points on cpu at 512 px: lora/B4/cfg-off/none, lora/B4/cfg-on/none, lora/B8/cfg-off/none" in p.stdout
@@ -163,7 +164,7 @@ def test_the_benchmarked_models_are_the_librarys_built_models():
     assert set(models.GPU_ONLY) == set(models.BUILT) - {"sd15-random"}
     assert {m: models.BUILT[m] for m in bench_gpu.MODELS} == {
         "sd15-random": "ddim", "sdxl-random": "ddim", "sd35-medium-random": "flow", "flux-dev-random": "flow",
-        "wan21-1.3b-random": "flow"}
+        "wan21-1.3b-random": "flow", "recam-1.3b-random": "flow"}
 
 
 def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):

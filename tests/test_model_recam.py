@@ -275,11 +275,28 @@ def test_lora_merge_matches_peft(pipe, ckpt):
     assert changed >= 2 * 6  # every targeted linear of both blocks
 
 
+def independent_render(pipe, cond, cams, x, steps, guidance, prompt):
+    """The flow-matching Euler update over the folder's shifted sigmas, CFG v_neg + G (v_pos - v_neg) with the
+    equations' velocity, then the VAE decode: frames (F, 3, H, W)."""
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+
+    C = pipe.sample_shape[0]
+    sched = pipe.scheduler
+    sched.set_timesteps(steps)
+    sigmas = sched.sigmas.clone()
+    pos, neg = pipe.encode([prompt]), pipe.encode([""])
+    z = x.clone()
+    with torch.no_grad():
+        for i, t in enumerate(sched.timesteps):
+            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), pos)
+            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), neg)
+            z = z + (sigmas[i + 1] - sigmas[i]) * (vn + guidance * (vp - vn))
+        return decode(pipe.vae, z)[0]
+
+
 def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import recam_render
-
-    from ddpo_grpo.core.pipeline_with_logprob import decode
 
     items, cond, x = _inputs(pipe, B=1, seed=5)
     src, cams = items[0]["source_video"], items[0]["cameras"]
@@ -292,19 +309,7 @@ def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_pa
                             "--guidance", "3", "--noise", str(tmp_path / "noise.npy"), "--out", str(out)])
     assert rc == 0
     got = torch.from_numpy(np.load(out))
-    # independent: the flow-matching Euler update over the folder's shifted sigmas, CFG, decode
-    C = pipe.sample_shape[0]
-    sched = pipe.scheduler
-    sched.set_timesteps(4)
-    sigmas = sched.sigmas.clone()
-    pos, neg = pipe.encode(["a red circle"]), pipe.encode([""])
-    z = x.clone()
-    with torch.no_grad():
-        for i, t in enumerate(sched.timesteps):
-            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), pos)
-            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), neg)
-            z = z + (sigmas[i + 1] - sigmas[i]) * (vn + 3.0 * (vp - vn))
-        want = decode(pipe.vae, z)[0]
+    want = independent_render(pipe, cond, cams, x, 4, 3.0, "a red circle")
     assert got.shape == (FRAMES, 3, SIZE, SIZE)
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
@@ -317,3 +322,81 @@ def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
     rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
                             "--camera", str(tmp_path / "none.npy"), "--prompt", "x", "--out", str(tmp_path / "o.npy")])
     assert rc == 2
+
+
+# ------------------------------------------------------------------------------------------------ through the trainer
+RUN = ["--config.num_epochs=2", "--config.save_freq=0", "--config.eval_freq=0", "--config.logging.wandb=False",
+       "--config.logging.tensorboard=False", f"--config.pretrained.resolution={SIZE}",
+       f"--config.pretrained.num_frames={FRAMES}", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
+       "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
+       "--config.sample.num_steps=3", "--config.sample.guidance_scale=2.0", "--config.train.learning_rate=3e-3",
+       "--config.train.clip_range=1.0", "--config.data.num_conditions=4", "--config.train.lr_warmup_steps=0",
+       # a reward with spread on a random model (cam_score is 0 on noise): JPEG size of every frame
+       "--config.reward.fns={'jpeg_compressibility': 1.0, 'cam_score': 0.0}"]
+RECAM_MODES = {"full": ["--config.use_lora=False"], "lora": ["--config.use_lora=True", "--config.lora_rank=4"]}
+
+
+@pytest.fixture(scope="module")
+def trained(wan_folder, ckpt, tmp_path_factory):
+    from helpers import train_modes
+
+    tmp = tmp_path_factory.mktemp("recam_runs")
+    cache = os.environ.get("DDPO_GRPO_TINY_CACHE") or os.path.dirname(wan_folder)
+    return train_modes(tmp, "recam_video_tiny", cache, [f"--config.pretrained.model={wan_folder}",
+                                                         f"--config.pretrained.recam_checkpoint={ckpt}", *RUN],
+                       RECAM_MODES)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", list(RECAM_MODES))
+def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, mode, ckpt):
+    import json
+
+    run = trained / mode
+    history = json.load(open(run / "summary.json"))["history"]
+    assert [h["epoch"] for h in history] == [0, 1]
+    for h in history:  # the ratio of the epoch's first training calls, before any update: exactly 1
+        assert h["train"]["onpolicy_ratio_max_dev"] <= 1e-6, h["train"]
+    assert history[1]["train"]["grad_norm"] > 0
+    info = json.load(open(run / "export" / "export.json"))
+    assert info["recam_checkpoint"] == "recammaster.ckpt" and info["num_frames"] == FRAMES and info["height"] == SIZE
+    before = torch.load(ckpt, weights_only=True)
+    after = torch.load(run / "export" / "recammaster.ckpt", weights_only=True)
+    assert list(after) == list(before)  # the input's keys, in its order
+    trained_keys = [k for k in before if "self_attn" in k or "cam_encoder" in k or "projector" in k]
+    for k, v in before.items():
+        assert after[k].shape == v.shape and after[k].dtype == v.dtype, k
+        if k not in trained_keys:
+            assert torch.equal(after[k], v), f"{k} is outside ReCamMaster's trainable set but changed"
+    lora_targets = [k for k in trained_keys if k.endswith(".weight") and "norm" not in k]
+    changed = [k for k in trained_keys if not torch.equal(after[k], before[k])]
+    assert set(lora_targets) <= set(changed), sorted(set(lora_targets) - set(changed))[:3]
+    if mode == "lora":
+        assert os.path.isfile(run / "export" / "pytorch_lora_weights.safetensors")
+        assert not any(k.endswith(".bias") and not torch.equal(after[k], before[k]) for k in before)
+
+
+@pytest.mark.timeout(600)
+def test_export_renders_what_the_trained_policy_samples(trained, wan_folder, ckpt, tmp_path):
+    """The full run's export, loaded back from recammaster.ckpt over the base folder, is the trained policy: its
+    render (scripts/recam_render.py) equals the independent Euler loop over the checkpoint's tensors."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import recam_render
+
+    from ddpo_grpo.models import load_pipeline
+
+    ck = str(trained / "full" / "export" / "recammaster.ckpt")
+    pipe = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ck)
+    state = torch.load(ck, weights_only=True)
+    from ddpo_grpo.models.recam import original_state
+
+    assert all(torch.equal(original_state(pipe.unet.model)[k], v) for k, v in state.items())
+    items, cond, x = _inputs(pipe, B=1, seed=9)
+    frames = recam_render.render(pipe, items[0]["source_video"], items[0]["cameras"], "a red circle", steps=2,
+                                 guidance=2.0, noise=x)
+    want = independent_render(pipe, cond, items[0]["cameras"], x, 2, 2.0, "a red circle")
+    assert frames.shape == (FRAMES, 3, SIZE, SIZE) and torch.allclose(frames, want, atol=1e-4)
+    base = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES,
+                         recam_checkpoint=ckpt)
+    assert not torch.allclose(recam_render.render(base, items[0]["source_video"], items[0]["cameras"], "a red circle",
+                                                  steps=2, guidance=2.0, noise=x), frames, atol=1e-4)

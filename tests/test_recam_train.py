@@ -23,9 +23,9 @@ def test_recam_geometry_dry_run_for_8_processes():
     assert bad.returncode == 2 and "= 64 is not divisible by sample.k=3" in bad.stderr
 
 
-def test_recam_tiny_two_processes_reproduces_the_seed_report_checks(tmp_path):
+def test_recam_image_tiny_two_processes_reproduces_the_seed_report_checks(tmp_path):
     cmd = [*launch_cmd(2, 29700), "scripts/train.py",
-           "--config", "config/grpo.py:recam_tiny", "--config.num_epochs=1", f"--config.logdir={tmp_path}",
+           "--config", "config/grpo.py:recam_image_tiny", "--config.num_epochs=1", f"--config.logdir={tmp_path}",
            "--config.run_name=r", "--config.sample.batch_size=2", "--config.sample.num_batches_per_epoch=4",
            "--config.train.batch_size=2", "--config.sample.k=4", "--config.sample.num_steps=4", "--config.eval_freq=0",
            "--config.save_freq=0", "--config.logging.wandb=False", "--config.logging.debug_dump=True"]

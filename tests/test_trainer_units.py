@@ -365,11 +365,11 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
 
 
 def test_too_few_conditions_for_the_geometry_fails_in_validation():
-    """recam_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
+    """recam_image_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
     fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
     from ddpo_grpo.trainer.build import validate_config
 
-    c = _config("recam_tiny")
+    c = _config("recam_image_tiny")
     assert validate_config(c, num_processes=1) == "ddim"
     with pytest.raises(ConfigError, match="needs 16 distinct conditions but the dataset has 8; .*data.num_conditions"):
         validate_config(c, num_processes=2)
@@ -378,7 +378,7 @@ def test_too_few_conditions_for_the_geometry_fails_in_validation():
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_colour", "tiny_colour_nft", "tiny_colour_grpo", "ddpo", "tiny_per_step",
-                                  "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_tiny",
+                                  "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_image_tiny", "recam",
                                   "tiny_colour_branch", "tiny_branch"])
 def test_named_configs_validate(name):
     from ddpo_grpo.trainer.build import validate_config

@@ -22,18 +22,19 @@ BUNDLED = {
 # num_frames=; resolution 0: its own default). sd15-random is SD 1.5's scale; the others are the real shapes of
 # SDXL, SD3.5-Medium, FLUX.1-dev and Wan 2.1 T2V 1.3B (scripts/bench_gpu.py measures them). What they draw is noise.
 BUILT = {"sd15-random": "ddim", "sdxl-random": "ddim", "sd35-medium-random": "flow", "flux-dev-random": "flow",
-         "wan21-1.3b-random": "flow"}
+         "wan21-1.3b-random": "flow", "recam-1.3b-random": "flow"}
 BUILDERS = {"sd15-random": "ddpo_grpo.models.sd15_random:build_sd15_random",
             "sdxl-random": "ddpo_grpo.models.sdxl:build_sdxl_random",
             "sd35-medium-random": "ddpo_grpo.models.sd3:build_sd35_medium_random",
             "flux-dev-random": "ddpo_grpo.models.flux:build_flux_dev_random",
-            "wan21-1.3b-random": "ddpo_grpo.models.wan:build_wan21_1_3b_random"}
+            "wan21-1.3b-random": "ddpo_grpo.models.wan:build_wan21_1_3b_random",
+            "recam-1.3b-random": "ddpo_grpo.models.recam:build_recam_1_3b_random"}
 # Built models that load_pipeline refuses to build on a CPU (one ConfigError line). They are 3.5-17 B parameters in all
 # (T5-XXL or UMT5-XXL alone 4.8-5.7 B) at sizes checked against their configs' own (1024 px, 480x832 x 33 frames):
 # initialising them takes tens of GB and minutes before the first call, and an epoch hours, so a CPU run is a mistake,
 # refused at load rather than found out of memory. sd15-random (1.1 G) stays allowed: at 64 px it is a CPU smoke test.
 # "meta" builds them anywhere (shapes only: bench_gpu's FLOP counts).
-GPU_ONLY = ("sdxl-random", "sd35-medium-random", "flux-dev-random", "wan21-1.3b-random")
+GPU_ONLY = ("sdxl-random", "sd35-medium-random", "flux-dev-random", "wan21-1.3b-random", "recam-1.3b-random")
 # Tiny random builds of other architectures ("module:function(out_dir)", seeded random weights, tokenizers built
 # locally): written with save_pretrained into TINY_CACHE on first use, then loaded from that folder like a user's.
 TINY_BUILDS = {"sdxl-tiny": "ddpo_grpo.models.sdxl:build_tiny", "sd3-tiny": "ddpo_grpo.models.sd3:build_tiny",

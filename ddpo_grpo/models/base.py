@@ -181,10 +181,19 @@ class ModelAdapter:
             return None
         return torch.stack([it["cond_image"] for it in items]).to(device)
 
+    def condition_channel_count(self, pipe: LoadedPipeline) -> int:
+        """How many channels condition_channels adds to the latents' (0: none, or they come with the data)."""
+        return 0
+
     def meta_denoiser(self, model: torch.nn.Module) -> torch.nn.Module:
         """An empty (meta-device) copy of the diffusers denoiser `model`, for exports to load tensors into."""
         with torch.device("meta"):
             return type(model).from_config(model.config)
+
+    def export_settings(self, pipe: LoadedPipeline) -> dict:
+        """What export.json records beyond the sampler settings so that the export samples as the run did (models.wan:
+        frames and size; models.recam: its checkpoint file). Default none."""
+        return {}
 
     def write_extra(self, pipe: LoadedPipeline, unet: torch.nn.Module, state: Dict[str, torch.Tensor], out_dir: str,
                     lora: bool) -> None:

@@ -280,6 +280,13 @@ class RecamAdapter(WanAdapter):
             out.append(torch.cat([z, camera_planes(cams[None].to(z.device), h, w)], dim=1))
         return torch.cat(out).to(device)
 
+    def condition_channel_count(self, pipe) -> int:
+        return int(pipe.unet.config.out_channels) + CAMERA_DIM
+
+    def export_settings(self, pipe) -> dict:
+        """The Wan sizes, and the checkpoint file beside export.json (scripts/recam_render.py --checkpoint)."""
+        return dict(super().export_settings(pipe), recam_checkpoint=EXPORT_CHECKPOINT)
+
     def meta_denoiser(self, model: torch.nn.Module) -> torch.nn.Module:
         """An empty copy of the diffusers model with the camera layers (exports load the trained tensors into it)."""
         with torch.device("meta"):
@@ -363,3 +370,17 @@ def build_tiny(out_dir: str) -> str:
                 block.projector.weight.add_(torch.randn(dim, dim) * 0.1)
     torch.save(original_state(transformer), os.path.join(out_dir, EXPORT_CHECKPOINT))
     return out_dir
+
+
+def build_recam_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtype: torch.dtype = torch.bfloat16,
+                            device="cuda", seed: int = 0, denoiser_dtype: torch.dtype = None):
+    """ReCamMaster's shapes with seeded random weights ("recam-1.3b-random", GPU only): Wan 2.1 T2V 1.3B
+    (models.wan.build_wan21_1_3b_random) with the camera layers at ReCamMaster's start (zero / identity), for real-shape
+    dry runs, speed and memory. What it draws is noise."""
+    from .wan import build_wan21_1_3b_random
+
+    pipe = build_wan21_1_3b_random(resolution, num_frames, torch_dtype, device, seed, denoiser_dtype)
+    pipe.unet = RecamDenoiser(add_camera_layers(pipe.unet))
+    pipe.adapter = ADAPTER
+    pipe.path = "recam-1.3b-random"
+    return pipe

@@ -148,6 +148,9 @@ class WanAdapter(ModelAdapter):
                 raise ConfigError(f"pretrained.num_frames: {why}")
             pipe.num_frames = frames
 
+    def export_settings(self, pipe) -> dict:
+        return {"num_frames": int(pipe.num_frames), "height": int(pipe.height), "width": int(pipe.width)}
+
     def encode(self, pipe, prompts: Sequence[str]) -> torch.Tensor:
         """WanPipeline.encode_prompt: UMT5's token embeddings (B, 512, D), zero after each prompt's tokens."""
         device = next(pipe.text_encoder.parameters()).device

@@ -89,7 +89,7 @@ def export_metadata(ctx, family: str) -> dict:
             "family": family, "epoch": ctx.state.epoch,
             "weights": "sampling policy (DiffusionNFT's soft update, what eval measures)" if ctx.old_policy is not None
             else "policy", "num_inference_steps": int(c.sample.num_steps),
-            "guidance_scale": float(c.sample.guidance_scale), "eval_eta": 0.0}
+            "guidance_scale": float(c.sample.guidance_scale), "eval_eta": 0.0, **ctx.pipe.adapter.export_settings(ctx.pipe)}
 
 
 def write_model_export(ctx, family: str, out_dir: str) -> None:
