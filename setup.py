@@ -44,5 +44,14 @@ setup(
             "cam_score = ddpo_grpo.worlds.recam.cam_score:make_cam_score",
             "unifiedscore = ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
         ],
+        # model_index.json `_class_name` -> its adapter (models/registry.py): ours are registered as a user's plugin
+        # would be (docs/models.md). models.recam is chosen by pretrained.recam_checkpoint, not by a class name.
+        "ddpo_grpo.models": [
+            "StableDiffusionPipeline = ddpo_grpo.models.sd:ADAPTER",
+            "StableDiffusionXLPipeline = ddpo_grpo.models.sdxl:ADAPTER",
+            "StableDiffusion3Pipeline = ddpo_grpo.models.sd3:ADAPTER",
+            "FluxPipeline = ddpo_grpo.models.flux:ADAPTER",
+            "WanPipeline = ddpo_grpo.models.wan:ADAPTER",
+        ],
     },
 )

@@ -18,6 +18,10 @@ WORLD_REWARDS = {
     "cam_score": "ddpo_grpo.worlds.recam.cam_score:make_cam_score",
     "unifiedscore": "ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
 }
+# The in-package adapters, registered as a user's adapter plugin would be (models/registry.py).
+MODEL_ADAPTERS = {cls: f"ddpo_grpo.models.{mod}:ADAPTER" for cls, mod in (
+    ("StableDiffusionPipeline", "sd"), ("StableDiffusionXLPipeline", "sdxl"), ("StableDiffusion3Pipeline", "sd3"),
+    ("FluxPipeline", "flux"), ("WanPipeline", "wan"))}
 
 
 def asset_files():
@@ -61,7 +65,7 @@ def wheel(tmp_path_factory):
 
 
 @pytest.mark.timeout(60)
-def test_wheel_has_the_models_and_the_reward_entry_points(wheel):
+def test_wheel_has_the_models_and_the_reward_and_adapter_entry_points(wheel):
     files = asset_files()
     assert len(files) >= 20 and any(f.endswith("unet/diffusion_pytorch_model.safetensors") for f in files)
     assert sum(os.path.getsize(os.path.join(ASSETS, f)) for f in files) <= 35 * 2**20
@@ -73,9 +77,14 @@ def test_wheel_has_the_models_and_the_reward_entry_points(wheel):
         assert not any(n.startswith(("assets/", "benchmarks/", "tests/", "scripts/")) for n in names)
         assert not any("_snapshots/" in n for n in names)
         (ep_file,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-        lines = [ln.strip() for ln in z.read(ep_file).decode().splitlines() if ln.strip()]
-    assert lines[0] == "[ddpo_grpo.rewards]"
-    assert dict(ln.split(" = ") for ln in lines[1:]) == WORLD_REWARDS
+        groups, group = {}, None
+        for ln in (ln.strip() for ln in z.read(ep_file).decode().splitlines()):
+            if ln.startswith("["):
+                group = groups.setdefault(ln.strip("[]"), {})
+            elif ln:
+                name, value = ln.split(" = ")
+                group[name] = value
+    assert groups == {"ddpo_grpo.rewards": WORLD_REWARDS, "ddpo_grpo.models": MODEL_ADAPTERS}
 
 
 @pytest.mark.timeout(60)
@@ -90,6 +99,7 @@ def test_unpacked_wheel_finds_its_own_models_and_rewards(wheel, tmp_path):
             "for name in m.BUNDLED:\n"
             "    assert m.resolve_model_path(name).startswith(os.environ['SITE'])\n"
             "f = r.get_reward_factory('toyworld')\n"
+            "assert m.model_adapter('tiny-t2i').__module__ == 'ddpo_grpo.models.sd'\n"
             "assert f.__module__ == 'ddpo_grpo.worlds.toyworld.reward'\n"
             "import sys; assert sys.modules[f.__module__].__file__.startswith(os.environ['SITE'])\n"
             "print('ok')")

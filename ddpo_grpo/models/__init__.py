@@ -1,6 +1,6 @@
 """Loading diffusion pipelines from a local folder, offline, through the adapter of their architecture
-(models/base.py): the bundled tiny models, Stable Diffusion-style checkpoints, and the architectures registered in
-base.ADAPTER_MODULES."""
+(models/base.py): the bundled tiny models, Stable Diffusion-style checkpoints, and the architectures registered under
+the entry-point group ddpo_grpo.models (models/registry.py: ours in setup.py, a user's in their package)."""
 from __future__ import annotations
 
 import os

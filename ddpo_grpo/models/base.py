@@ -25,8 +25,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ddpo_grpo.errors import ConfigError
-
 
 # ----------------------------------------------------------------------------------------- condition packing
 def pack_condition(seq: torch.Tensor, vectors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -151,7 +149,6 @@ class ModelAdapter:
     """One architecture. Subclasses set the class attributes and implement load / encode / sample_shape."""
 
     name = ""
-    pipeline_classes: Tuple[str, ...] = ()  # model_index.json `_class_name`s this adapter loads
     pipeline_class = ""  # the diffusers pipeline class an export is written with ("": none describes the model)
     components: Tuple[str, ...] = ()  # its component names, as in pipe.components
     denoiser_folder = "unet"  # the denoiser's subfolder, and its component name in the pipeline
@@ -236,46 +233,9 @@ class ModelAdapter:
 
 
 # ------------------------------------------------------------------------------------------------ the registry
-# model_index.json `_class_name` -> the module holding that architecture's ADAPTER (imported when used).
-ADAPTER_MODULES: Dict[str, str] = {
-    "StableDiffusionPipeline": "ddpo_grpo.models.sd",
-    "StableDiffusionXLPipeline": "ddpo_grpo.models.sdxl",
-    "StableDiffusion3Pipeline": "ddpo_grpo.models.sd3",
-    "FluxPipeline": "ddpo_grpo.models.flux",
-    "WanPipeline": "ddpo_grpo.models.wan",
-}
-
-
-def register(pipeline_class: str, module: str) -> None:
-    """Another architecture's adapter module (its ADAPTER) for a pipeline class: the plugin route."""
-    ADAPTER_MODULES[pipeline_class] = module
-
-
-def model_index_class(path: str) -> Optional[str]:
-    import json
-
-    f = os.path.join(path, "model_index.json")
-    if not os.path.isfile(f):
-        return None
-    with open(f) as fh:
-        return json.load(fh).get("_class_name")
-
-
-def adapter_for(path: str) -> ModelAdapter:
-    """The adapter of a model folder: by its model_index.json's `_class_name`; a folder without one (the bundled
-    models, older Stable Diffusion folders) is a UNet2DConditionModel + CLIP model. One ConfigError line for a
-    pipeline class no adapter loads."""
-    import importlib
-
-    cls = model_index_class(path)
-    if cls is None:
-        cls = "StableDiffusionPipeline"
-    if cls not in ADAPTER_MODULES:
-        raise ConfigError(f"model {path!r} is a {cls}; supported pipeline classes: {', '.join(sorted(ADAPTER_MODULES))}")
-    try:
-        return importlib.import_module(ADAPTER_MODULES[cls]).ADAPTER
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"model {path!r} is a {cls}, whose adapter {ADAPTER_MODULES[cls]} cannot be imported ({e})")
+# model_index.json `_class_name` -> adapter: the entry-point group ddpo_grpo.models (models/registry.py), where
+# setup.py registers ours (sd, sdxl, sd3, flux, wan) as a user's package registers its own. Importable from here.
+from .registry import adapter_for, model_index_class, register  # noqa: E402,F401
 
 
 def flow_sigmas_config(cfg: dict) -> bool:

@@ -158,7 +158,6 @@ def vae_scale_factor(vae_config) -> int:
 
 class FluxAdapter(ModelAdapter):
     name = "flux"
-    pipeline_classes = ("FluxPipeline",)
     pipeline_class = "FluxPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
     components = COMPONENTS
     denoiser_folder = "transformer"

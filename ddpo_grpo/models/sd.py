@@ -12,7 +12,6 @@ from .base import LoadedPipeline, ModelAdapter, component_dtype, folder_vae_dtyp
 
 class SDAdapter(ModelAdapter):
     name = "sd"
-    pipeline_classes = ("StableDiffusionPipeline",)
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2")
     fsdp_block_classes = ("ResnetBlock2D", "BasicTransformerBlock")
 

@@ -99,7 +99,6 @@ def vae_scale_factor(vae_config) -> int:
 
 class SD3Adapter(ModelAdapter):
     name = "sd3"
-    pipeline_classes = ("StableDiffusion3Pipeline",)
     pipeline_class = "StableDiffusion3Pipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
     components = COMPONENTS
     denoiser_folder = "transformer"

@@ -56,7 +56,6 @@ def _vae_scale_factor(vae) -> int:
 
 class SDXLAdapter(ModelAdapter):
     name = "sdxl"
-    pipeline_classes = ("StableDiffusionXLPipeline",)
     pipeline_class = "StableDiffusionXLPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
     # diffusers' SDXL LoRA recipe (train_dreambooth_lora_sdxl.py): the attention projections.
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")

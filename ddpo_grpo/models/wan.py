@@ -69,7 +69,6 @@ def check_size(resolution: int, num_frames: int, spatial: int = 8, temporal: int
 
 class WanAdapter(ModelAdapter):
     name = "wan"
-    pipeline_classes = ("WanPipeline",)
     pipeline_class = "WanPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
     components = COMPONENTS
     denoiser_folder = "transformer"
