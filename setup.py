@@ -41,6 +41,7 @@ setup(
         "ddpo_grpo.rewards": [
             # The worlds' rewards are plugins, as a user's would be (ddpo_grpo.rewards imports no world).
             "toyworld = ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
+            "colour_share = ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward",  # hackable proxy (docs/hacking.md)
             "cam_score = ddpo_grpo.worlds.recam.cam_score:make_cam_score",
             "unifiedscore = ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
         ],

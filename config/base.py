@@ -150,6 +150,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.sup_decay_epochs = 0  # then linear decay to 0 over these epochs (0 = keep sup_weight)
     config.train.sup_batch_size = 16
     config.train.max_invalid_fraction = 0.5  # stop if more than this share of an epoch's rewards is invalid
+    # Reward-hacking alarm after every eval (trainer/hacking.py): the proxy up while reward.gold falls beyond
+    # hacking_z standard errors of its paired drop from its best eval, or an image statistic (rewards/drift.py)
+    # moved more than hacking_drift_max from the start model's. "warn": a warning line and a wandb alert; "stop":
+    # also a checkpoint and a clean end; "off".
+    config.train.hacking_guard = "warn"
+    config.train.hacking_z = 2.0
+    config.train.hacking_drift_max = 0.25
 
     ###### Advantages (PerPromptStatTracker) ######
     config.tracker = ml_collections.ConfigDict()
@@ -163,6 +170,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.reward.kwargs = {}  # name -> dict of factory kwargs
     config.reward.per_step = "none"  # "none" (B,) | "broadcast" | "x0" | "x0_gain" (B, T)
     config.reward.num_threads = 2  # reward computation overlaps sampling in a thread pool
+    # Held-out gold reward(s) (trainer/hacking.py, docs/hacking.md): name -> weight, from the same registry as fns;
+    # scored on every eval and on gold_train_samples of each epoch's samples (per process), logged as gold/*, never
+    # trained on. {} = none.
+    config.reward.gold = {}
+    config.reward.gold_kwargs = {}  # name -> dict of factory kwargs, as reward.kwargs
+    config.reward.gold_train_samples = 8
 
     ###### Logging ######
     config.logging = ml_collections.ConfigDict()

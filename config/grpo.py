@@ -63,6 +63,26 @@ def tiny_colour_nft():
     return config
 
 
+def tiny_hack():
+    """Reward hacking on the CPU (docs/hacking.md): tiny_colour_nft's recipe trained on a hackable proxy, `colour_share`
+    (the share of the object's box drawn in the prompt's colour: right at first, the right colour in the right place;
+    then a filled box beats any shape), with the toy-world verifier as the held-out gold reward (reward.gold), never
+    trained on. The guard warns (train.hacking_guard) and keeps going, so the run shows what follows the alarm;
+    best_gold_export/ holds the eval with the best gold. Evals every 3 epochs on 64 held-out samples."""
+    config = tiny_colour_nft()
+    config.reward.fns = {"colour_share": 1.0}
+    config.reward.gold = {"toyworld": 1.0}
+    config.reward.gold_train_samples = 16
+    config.train.hacking_guard = "warn"
+    config.num_epochs = 36
+    config.eval_freq = 3
+    config.save_freq = 3
+    config.eval.num_samples = 64  # 32 held-out conditions x 2
+    config.eval.pass_at_k = 0  # the guard reads the deterministic eval; pass@k would double its cost
+    config.logging.image_freq = 3
+    return config
+
+
 def tiny_colour_grpo():
     """tiny_colour trained by the clipped-ratio GRPO loss, in the shape the policy gradient needs here: only the
     two noisiest steps are trained (std >= 0.6; scripts/step_credit.py: the colour flips at x_T and step 0, never

@@ -41,6 +41,7 @@ def run(config):
     from ddpo_grpo.trainer.scale import use_architecture_blocks
     from ddpo_grpo.trainer.checkpointing import (check_resume, export_run, load_checkpoint, run_folder_of,
                                                  save_checkpoint, wandb_run_id)
+    from ddpo_grpo.trainer.hacking import train_gold
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
     from ddpo_grpo.rewards import collect_rewards
     from ddpo_grpo.trainer.sampling import sample_epoch
@@ -90,10 +91,16 @@ def run(config):
         if config.eval_freq and epoch % config.eval_freq == 0:
             with timer("eval"):
                 eval_metrics = evaluate_and_log(ctx, epoch)  # 7. the policy before this epoch's update
+            if ctx.stop:  # train.hacking_guard = "stop" and an alarm fired: checkpoint this policy and end cleanly
+                accelerator.print(f"epoch {epoch}: {ctx.stop}; saving a checkpoint and stopping")
+                save_checkpoint(ctx, family)
+                break
         with timer("sampling"):
             samples = sample_epoch(ctx, epoch)  # 1. trajectories + logprobs; rewards start in a thread pool
         with timer("reward"):
             rewards = collect_rewards(samples.reward_futures, accelerator)  # 2. weighted `avg` (B,) or (B, T), details, validity
+        with timer("gold"):
+            gold_metrics = train_gold(ctx, samples)  # reward.gold on a subsample: logged, never in the advantages
         with timer("advantages"):
             adv = compute_advantages(accelerator, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction, ctx.tree)  # 3.
@@ -105,13 +112,13 @@ def run(config):
             train_metrics = train_epoch(ctx, samples, adv, epoch)  # 5. clipped-ratio GRPO (+ KL, + sup)
         ctx.state.epoch = epoch + 1
         with timer("logging"):
-            log_epoch(ctx, epoch, samples, rewards, adv, checks, train_metrics, eval_metrics, timer)  # 6.
+            log_epoch(ctx, epoch, samples, rewards, adv, checks, train_metrics, eval_metrics, timer, gold_metrics)  # 6.
         timer.close()
         if config.save_freq and (ctx.state.epoch % config.save_freq == 0 or ctx.state.epoch == config.num_epochs):
             with timer("checkpoint"):
                 save_checkpoint(ctx, family)  # 8. atomic; every process takes part; with export/ for diffusers
     export_run(ctx, family)  # 9. logs/<run>/export: the model in diffusers' formats (models/export.py)
-    finish(ctx, time.time() - t_start, final_eval=bool(config.eval_freq))  # + eval of the final policy
+    finish(ctx, time.time() - t_start, final_eval=bool(config.eval_freq) and not ctx.stop)  # + eval of the final policy
 
 
 def flat_config(config) -> dict:

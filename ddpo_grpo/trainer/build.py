@@ -32,15 +32,17 @@ class RunState:
     history: list = field(default_factory=list)  # per-epoch reward means, for the reward curve
     timesteps_per_call: int = 0  # chosen by the auto probe (train.timesteps_per_call = 0)
     lr_scale: float = 1.0  # train.target_shift_kl's adaptive factor on the learning rate (adapt_lr_scale)
+    guard: dict = field(default_factory=dict)  # hacking.py: start-model drift, evals, alarms, best by gold
 
     def state_dict(self) -> Dict[str, Any]:
         return {"epoch": self.epoch, "global_step": self.global_step, "history": list(self.history),
-                "timesteps_per_call": self.timesteps_per_call, "lr_scale": self.lr_scale}
+                "timesteps_per_call": self.timesteps_per_call, "lr_scale": self.lr_scale, "guard": dict(self.guard)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.epoch, self.global_step, self.history = state["epoch"], state["global_step"], list(state["history"])
         self.timesteps_per_call = int(state.get("timesteps_per_call", 0))
         self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.guard = dict(state.get("guard", {}))  # a checkpoint from before the guard has none
 
 
 @dataclass
@@ -65,6 +67,8 @@ class RunContext:
     old_policy: Optional[Any] = None  # EMAReference: nft's sampling policy when train.nft_old_decay > 0
     tree: Optional[Any] = None  # core.branching.BranchSpec of sample.branch_steps, or None (no branching)
     cond_cache: Dict[int, torch.Tensor] = field(default_factory=dict)  # condition index -> its conditioning channels
+    gold: Optional[Any] = None  # RewardComputer of reward.gold (hacking.py): scored and logged, never trained on
+    stop: str = ""  # why the run stops early (train.hacking_guard = "stop"), or ""
 
     COND_CACHE_SIZE = 64  # conditions kept (host memory): a real-size ReCamMaster condition is ~15 MB
 
@@ -269,6 +273,9 @@ def validate_config(config, num_processes: int) -> str:
             raise ConfigError(f"unknown reward {name!r} in reward.fns; available: {', '.join(sorted(names))}")
     if not config.reward.fns:
         raise ConfigError("reward.fns is empty; give at least one reward name with a weight")
+    from .hacking import check_config as check_guard
+
+    check_guard(config)  # reward.gold names, train.hacking_guard
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
     tree = branch_spec(config, family)  # a tree that cannot be sampled or trained is one line here
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
@@ -347,6 +354,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from ddpo_grpo.core.reference import EMAReference
     from ddpo_grpo.rewards import RewardComputer
     from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
+    from .hacking import build_gold
     from .supervised import SupervisedLoss
 
     from ddpo_grpo.models.base import run_dtype
@@ -407,4 +415,4 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
         accelerator.register_for_checkpointing(obj)
     return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
                       sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy,
-                      tree)
+                      tree, gold=build_gold(config))

@@ -2,7 +2,7 @@
 with fixed seeds, so eval numbers are comparable across epochs and runs."""
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -21,10 +21,13 @@ def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
 @torch.no_grad()
 def _sample_and_score(ctx, positions, seeds, deterministic: bool):
     """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
-    {name: (n,)}, images (n, C, H, W), captions). Batches of eval.batch_size."""
+    {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
+    on gold). Batches of eval.batch_size."""
+    from .hacking import score_gold, timed
+
     config, acc = ctx.config, ctx.accelerator
     settings = sampler_settings(config, ctx.pipe.family)
-    scores, details, images, captions = [], {}, [], []
+    scores, details, images, captions, gold, gold_s = [], {}, [], [], {}, 0.0
     with ctx.sampling_policy():  # the policy that samples is the one evaluated (swapped in once)
         for lo in range(0, len(positions), config.eval.batch_size):
             items = [ctx.eval_data[int(p)] for p in positions[lo:lo + config.eval.batch_size]]
@@ -41,9 +44,15 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool):
             scores.append(res.final)
             for k, v in res.details.items():
                 details.setdefault(k, []).append(v)
+            if ctx.gold is not None and deterministic:  # scored beside the proxy, never part of it
+                g, s = timed(score_gold, ctx.gold, traj.images.cpu(), prompts, metadata)
+                gold_s += s
+                for k, v in g.items():
+                    gold.setdefault(k, []).append(v)
             images.append(traj.images.cpu())
             captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
-    return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions)
+    return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions,
+            {k: np.concatenate(v) for k, v in gold.items()} if gold else None, gold_s)
 
 
 def _shard(n: int, acc) -> slice:
@@ -68,30 +77,38 @@ def pass_at_k(conditions: np.ndarray, ok: np.ndarray, k: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(ctx) -> Tuple[Dict[str, float], torch.Tensor, list]:
+def evaluate(ctx, per_sample: Optional[dict] = None) -> Tuple[Dict[str, float], torch.Tensor, list]:
     """Returns (metrics prefixed eval/, this process's deterministic images (n, C, H, W), captions). Every process
     evaluates its shard; scores are gathered so all processes return the same metrics.
 
     Deterministic (DDIM eta=0 / ODE): eval.num_samples samples cycling through the eval conditions. With
     eval.pass_at_k = k > 0 also k stochastic samples (the training sampler) of each eval condition: eval/pass_at_k
     (share of conditions with a right sample) and eval/pass_at_1_stochastic (share of right samples), the head-room
-    that RL should turn into deterministic accuracy."""
+    that RL should turn into deterministic accuracy.
+
+    per_sample, a dict, is filled with the deterministic eval's per-sample values over every process (rank-major):
+    "proxy" (the trained reward) and "gold" ({"avg"/name: (n,)}, or None without reward.gold), for the guard."""
     config, acc = ctx.config, ctx.accelerator
     ctx.unet.eval()
     gather = lambda a: acc.gather(torch.as_tensor(a, device=acc.device)).cpu().numpy()  # noqa: E731
     pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
     mine = _shard(len(pos), acc)
-    scores, details, images, captions = _sample_and_score(ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine],
-                                                          deterministic=True)
+    scores, details, images, captions, gold, gold_s = _sample_and_score(
+        ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine], deterministic=True)
     all_scores = gather(scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}
+    if per_sample is not None:
+        per_sample["proxy"] = all_scores
+        per_sample["gold"] = None if gold is None else {k: gather(v.astype(np.float32)) for k, v in gold.items()}
+    if gold is not None:
+        metrics["time/gold_eval"] = gold_s
     for k, v in details.items():
         metrics[f"eval/{k}"] = float(np.nanmean(gather(v)))
     k = int(config.eval.pass_at_k)
     if k > 0:
         cond = np.repeat(np.unique(pos), k)  # the conditions the deterministic eval covers
         mine = _shard(len(cond), acc)
-        s, d, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
+        s, d, _, _, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
                                        deterministic=False)
         ok = gather(passed(s, d).astype(np.float32)) > 0.5  # rank-major, as cond[:len(ok)] is
         metrics[f"eval/pass_at_{k}"] = pass_at_k(cond[:len(ok)], ok, k)

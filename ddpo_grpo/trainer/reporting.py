@@ -69,10 +69,10 @@ def epoch_line_train(train_metrics: Dict[str, float]) -> str:
 
 
 def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], train_metrics: Dict[str, float],
-              eval_metrics: Dict[str, float], timer: PhaseTimer) -> None:
+              eval_metrics: Dict[str, float], timer: PhaseTimer, gold_metrics: Optional[Dict[str, float]] = None) -> None:
     """Log the epoch to the trackers, append it to the run history, print the epoch line. train_metrics: what
     train_epoch returned, already reduced over every process (metrics.METRIC_RULES); logged as train/<name>
-    and kept in the history entry's "train"."""
+    and kept in the history entry's "train". gold_metrics: hacking.train_gold's gold/train_* (never trained on)."""
     acc, config = ctx.accelerator, ctx.config
     means = rewards.means(mean=lambda x: _gather_mean(acc, x))  # over every process's samples
     m = {"epoch": epoch, "reward_mean": means.pop("reward_mean")}
@@ -91,6 +91,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     m.update(checks)
     m.update({f"train/{k}": v for k, v in train_metrics.items()})
     m.update(eval_metrics)
+    m.update(gold_metrics or {})
     m.update({f"time/{k}": v for k, v in timer.seconds.items()})
     m["time/epoch"] = float(sum(timer.seconds.values()))
     # Denoiser evaluations per sample of this epoch (this process's rows over its samples): what a recipe costs.
@@ -108,6 +109,9 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     if "eval/reward_mean" in eval_metrics:
         entry["eval_reward_mean"] = eval_metrics["eval/reward_mean"]
         entry.update({k: v for k, v in eval_metrics.items() if k.endswith("_accuracy") or k.startswith("eval/pass_at")})
+    entry.update({k: v for k, v in m.items() if k.startswith(("gold/", "hacking/"))})
+    if ctx.gold is not None:  # the gold reward's cost this epoch: the training subsample and the eval, if one ran
+        entry["gold_seconds"] = timer.seconds.get("gold", 0.0) + eval_metrics.get("time/gold_eval", 0.0)
     ctx.state.history.append(entry)
     if acc.is_main_process and config.logging.image_freq and epoch % config.logging.image_freq == 0:
         n = min(config.logging.num_images, len(samples))
@@ -117,6 +121,7 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
         log_images(acc, "train_samples", grid, epoch, samples.images[:n], caps)
     train_part = epoch_line_train(train_metrics)
     line = (f"epoch {epoch}: reward {m['reward_mean']:.4f}"
+            + (f" gold {m['gold/train_avg']:.4f}" if "gold/train_avg" in m else "")
             + "".join(f" {k} {v:.3f}" for k, v in m.items() if k.endswith("strict_accuracy"))
             + (f" | {train_part}" if train_part else "")
             + (f" | invalid rewards {adv.invalid_count} excluded, {adv.excluded_groups} groups dropped" if adv.invalid_count else "")
@@ -146,7 +151,10 @@ def dump_debug(ctx, epoch: int, samples, rewards, adv) -> None:
 
 
 def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
-    metrics, images, captions = evaluate(ctx)
+    from .hacking import on_eval
+
+    per_sample = {}
+    metrics, images, captions = evaluate(ctx, per_sample)
     acc = ctx.accelerator
     if acc.is_main_process:
         n = min(ctx.config.logging.num_images, len(images))
@@ -154,6 +162,10 @@ def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
         save_grid(grid, ctx.run_dir, f"eval_epoch_{epoch:04d}.png")
         log_images(acc, "eval_samples", grid, epoch)
     acc.print(f"epoch {epoch}: eval " + " ".join(f"{k[5:]} {v:.4f}" for k, v in metrics.items()))
+    guard = on_eval(ctx, epoch, per_sample["proxy"], per_sample["gold"], images)  # drift, gold, alarms, best by gold
+    acc.print(f"epoch {epoch}: guard " + " ".join(f"{k} {v:.4f}" for k, v in guard.items()
+                                                  if not k.endswith("_change")))
+    metrics.update(guard)
     return metrics
 
 
@@ -173,8 +185,12 @@ def finish(ctx, seconds: float, final_eval: bool = True) -> None:
         if evals:
             shutil.copy(os.path.join(ctx.run_dir, "images", evals[-1]), os.path.join(ctx.run_dir, "final_grid.png"))
         with open(os.path.join(ctx.run_dir, "summary.json"), "w") as f:
-            json.dump({"seconds": round(seconds, 1), "history": ctx.state.history,
-                       "final_eval": final}, f, indent=1)
+            from .hacking import summary_fields
+
+            gold_s = [h["gold_seconds"] for h in ctx.state.history if "gold_seconds" in h]
+            json.dump({"seconds": round(seconds, 1), "history": ctx.state.history, "final_eval": final,
+                       **summary_fields(ctx), "gold_seconds_per_epoch": float(np.mean(gold_s)) if gold_s else None,
+                       "stopped": ctx.stop or None}, f, indent=1)
         acc.print(f"done in {seconds / 60:.1f} min; run folder {ctx.run_dir}")
     acc.end_training()
     if ctx.rewards.executor is not None:

@@ -1,0 +1,161 @@
+"""Reward-hacking guardrails: drift statistics against hand-computed values, the alarm rule, the hackable proxy, the
+config lines; end to end, gold never touches the update (bit-identical weights whatever reward.gold is), and a
+"stop" alarm checkpoints, stops, and survives a resume with the best-by-gold export."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import cpu_env, run_side_by_side
+from safetensors.torch import load_file
+
+from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.rewards.drift import image_stats
+from ddpo_grpo.trainer.hacking import check_config, drift_alarms, gold_alarm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _img(rgb_rows):
+    """(H, W, 3) nested lists -> (1, 3, H, W) tensor."""
+    return torch.tensor(rgb_rows, dtype=torch.float64).permute(2, 0, 1)[None]
+
+
+def test_drift_statistics_hand_computed():
+    red = image_stats(torch.zeros(1, 3, 4, 4).index_fill_(1, torch.tensor([0]), 1.0))
+    assert red["saturation"][0] == 1.0 and red["colour_entropy"][0] == 0.0
+    assert red["dark_fraction"][0] == 0.0 and red["bright_fraction"][0] == 0.0  # luma 0.299
+    assert red["edge_density"][0] == 0.0 and red["high_freq_energy"][0] == 0.0
+    # Left half black, right half white: 2 colours of 64 bins (1 bit / 6), one edge column of 4, and the luma's
+    # square wave of period 4 has its power at 0.25 cycles/pixel only, not above it.
+    half = image_stats(torch.cat([torch.zeros(1, 3, 4, 2), torch.ones(1, 3, 4, 2)], dim=3))
+    np.testing.assert_allclose([half[k][0] for k in ("saturation", "colour_entropy", "dark_fraction", "bright_fraction",
+                                                      "edge_density", "high_freq_energy")],
+                               [0.0, 1 / 6, 0.5, 0.5, 0.25, 0.0], atol=1e-12)
+    # A checkerboard: all power at Nyquist; every pixel but the corner (no forward neighbour) is on an edge.
+    board = ((torch.arange(4)[:, None] + torch.arange(4)[None, :]) % 2).double().expand(1, 3, 4, 4)
+    b = image_stats(board)
+    np.testing.assert_allclose([b["high_freq_energy"][0], b["edge_density"][0]], [1.0, 15 / 16], atol=1e-12)
+    # Red, green, blue, black: 4 equal bins (2 bits / 6); saturation 3/4; only black is dark (blue's luma 0.114).
+    rgbk = image_stats(_img([[[1, 0, 0], [0, 1, 0]], [[0, 0, 1], [0, 0, 0]]]))
+    np.testing.assert_allclose([rgbk["colour_entropy"][0], rgbk["saturation"][0], rgbk["dark_fraction"][0]],
+                               [1 / 3, 0.75, 0.25], atol=1e-12)
+
+
+def test_video_statistics_average_frames_and_measure_flicker():
+    black_white = torch.stack([torch.zeros(3, 4, 4), torch.ones(3, 4, 4)])[None]  # (1, 2, 3, 4, 4)
+    steady = torch.full((1, 3, 3, 4, 4), 0.5)
+    s = image_stats(torch.cat([black_white, steady[:, :2]]))
+    np.testing.assert_allclose(s["flicker"], [1.0, 0.0])
+    np.testing.assert_allclose(s["dark_fraction"], [0.5, 0.0])  # mean over the two frames
+    assert "flicker" not in image_stats(torch.zeros(2, 3, 4, 4))
+
+
+def test_gold_alarm_needs_the_proxy_up_and_a_drop_beyond_noise():
+    best = np.array([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    fell = best - np.array([1, 1, 0, 1, 0, 0, 1, 0])  # drop 0.5, s.e. of the paired drop 0.189
+    assert "fell 0.5000" in gold_alarm(0.6, 0.5, fell, best, z=2.0)
+    assert gold_alarm(0.4, 0.5, fell, best, z=2.0) is None  # proxy fell too: not hacking
+    assert gold_alarm(0.6, 0.5, fell, best, z=3.0) is None  # 0.5 < 3 x 0.189: within noise
+    one = best.copy()
+    one[0] = 0.0  # drop 0.125, s.e. 0.125
+    assert gold_alarm(0.6, 0.5, one, best, z=0.5) and gold_alarm(0.6, 0.5, one, best, z=1.0) is None
+    assert gold_alarm(0.6, 0.5, best + 0.1, best, z=2.0) is None  # gold rose
+
+
+def test_drift_alarms_fire_beyond_the_threshold_only():
+    start = {"saturation": 0.5, "dark_fraction": 0.8}
+    out = drift_alarms({"saturation": 0.8, "dark_fraction": 0.7}, start, 0.25)
+    assert len(out) == 1 and out[0].startswith("saturation 0.500 -> 0.800 (+0.300")
+    assert drift_alarms({"saturation": 0.8}, start, 0.0) == []  # 0 = off
+
+
+def test_colour_share_proxy_values():
+    from ddpo_grpo.worlds.toyworld import all_conditions, render
+    from ddpo_grpo.worlds.toyworld.hackable import make_colour_share_reward
+
+    conds = all_conditions()
+    square, circle = conds[0], conds[3]  # red square / red circle on the left, centre (8, 16)
+    fn = make_colour_share_reward()
+    filled = torch.zeros(3, 32, 32)
+    filled[0, 8:24, 0:16] = 1.0  # the red square's whole 16 x 16 box
+    green = torch.from_numpy(render(square))[[1, 0, 2]]  # the same square, green
+    images = torch.stack([torch.from_numpy(render(square)), filled, green, torch.from_numpy(render(circle))])
+    scores = fn(images, None, [{"condition": c} for c in (square, square, square, circle)])
+    # 12 x 12 of 16 x 16; the filled box; wrong colour; a radius-6 circle covers about pi 36 / 256 = 0.44.
+    np.testing.assert_allclose(scores[:3], [144 / 256, 1.0, 0.0])
+    assert abs(scores[3] - np.pi * 36 / 256) < 0.02
+
+
+def _cfg(**edits):
+    from config.grpo import get_config
+
+    c = get_config("tiny")
+    for path, v in edits.items():
+        sec, key = path.split(".")
+        setattr(c[sec], key, v)
+    return c
+
+
+@pytest.mark.parametrize("edits,msg", [
+    ({"reward.gold": {"no_such_gold": 1.0}}, "unknown reward 'no_such_gold' in reward.gold"),
+    ({"train.hacking_guard": "panic"}, "train.hacking_guard='panic'"),
+    ({"reward.gold_kwargs": {"toyworld": {}}}, "not in reward.gold"),
+    ({"train.hacking_drift_max": -0.1}, "hacking_drift_max=-0.1"),
+])
+def test_bad_guard_config_is_one_line(edits, msg):
+    with pytest.raises(ConfigError, match=msg.replace("(", r"\(").replace("[", r"\[")):
+        check_config(_cfg(**edits))
+
+
+SMALL = ["--config", "config/grpo.py:tiny", "--config.sample.num_steps=4", "--config.sample.batch_size=4",
+         "--config.sample.num_batches_per_epoch=2", "--config.sample.k=4", "--config.train.batch_size=4",
+         "--config.eval_freq=1", "--config.eval.num_samples=8", "--config.eval.batch_size=8", "--config.eval.pass_at_k=0",
+         "--config.logging.image_freq=0", "--config.logging.wandb=False", "--config.logging.tensorboard=False",
+         "--config.reward.fns={'toyworld': 1.0, 'jpeg_compressibility': 1.0}"]
+
+
+def _job(logdir, name, *extra):
+    return dict(args=[sys.executable, "scripts/train.py", *SMALL, f"--config.logdir={logdir}",
+                      f"--config.run_name={name}", *extra], cwd=ROOT, env=cpu_env())
+
+
+@pytest.mark.timeout(600)
+def test_gold_never_touches_the_update_and_a_stop_alarm_survives_resume(tmp_path):
+    a, b, c = run_side_by_side([
+        _job(tmp_path, "a", "--config.num_epochs=2", "--config.save_freq=2", "--config.reward.gold={'toyworld': 1.0}"),
+        _job(tmp_path, "b", "--config.num_epochs=2", "--config.save_freq=2", "--config.reward.gold_train_samples=3",
+             "--config.reward.gold={'jpeg_incompressibility': 0.5, 'toyworld': 2.0}", "--config.train.hacking_guard=off"),
+        # Any drift at all raises the alarm: the run stops at epoch 1's eval with a checkpoint.
+        _job(tmp_path, "c", "--config.num_epochs=3", "--config.save_freq=0", "--config.reward.gold={'toyworld': 1.0}",
+             "--config.train.hacking_guard=stop", "--config.train.hacking_drift_max=1e-9"),
+    ])
+    for r in (a, b, c):
+        assert r.returncode == 0, r.stderr[-3000:]
+    wa = load_file(tmp_path / "a" / "checkpoints" / "checkpoint_00002" / "model.safetensors")
+    wb = load_file(tmp_path / "b" / "checkpoints" / "checkpoint_00002" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)  # bit-identical
+    sa, sb = (json.load(open(tmp_path / n / "summary.json")) for n in "ab")
+    assert [h["reward_mean"] for h in sa["history"]] == [h["reward_mean"] for h in sb["history"]]
+    # ...while the gold each run logged differs, so the comparison above compares something
+    assert sa["history"][0]["gold/avg"] != sb["history"][0]["gold/avg"]
+    assert {"gold/toyworld", "gold/train_avg", "gold_seconds"} <= set(sa["history"][0])
+    assert "gold/jpeg_incompressibility" in sb["history"][0] and sa["gold_seconds_per_epoch"] > 0
+    assert len(sa["evals"]) == 3 and sa["best_gold"]["gold"] == max(e["gold/avg"] for e in sa["evals"])
+    assert os.path.isfile(os.path.join(sa["best_gold"]["export"], "export.json"))
+    assert " gold " in a.stdout + a.stderr
+    sc = json.load(open(tmp_path / "c" / "summary.json"))
+    assert sc["stopped"] == "hacking guard: drift at epoch 1" and sc["alarms"]
+    assert all(x["epoch"] == 1 and x["kind"] == "drift" for x in sc["alarms"])
+    assert "WARNING: reward hacking alarm at epoch 1 (drift)" in c.stdout + c.stderr
+    assert os.path.isdir(tmp_path / "c" / "checkpoints" / "checkpoint_00001") and len(sc["history"]) == 1
+    (d,) = run_side_by_side([_job(tmp_path, "c", "--config.num_epochs=2", "--config.save_freq=0",
+                                  "--config.reward.gold={'toyworld': 1.0}", "--config.train.hacking_guard=off",
+                                  f"--config.resume_from={tmp_path / 'c'}")])
+    assert d.returncode == 0, d.stderr[-3000:]
+    sd = json.load(open(tmp_path / "c" / "summary.json"))
+    assert sd["alarms"] == sc["alarms"] and sd["best_gold"]["epoch"] == sc["best_gold"]["epoch"] or \
+        sd["best_gold"]["gold"] > sc["best_gold"]["gold"]
+    assert sd["alarms"] == sc["alarms"] and not sd["stopped"] and [e["epoch"] for e in sd["evals"]][:2] == [0, 1]
