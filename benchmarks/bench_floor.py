@@ -46,12 +46,14 @@ def proc_status_mb(field: str) -> Optional[float]:
     return None
 
 
-def stored_steps(config, family: str) -> int:
+def stored_steps(config, pipe) -> int:
     """T of the trainer's EpochSamples: the stochastic steps it stores (and trains a fraction of)."""
     from ddpo_grpo.core.families import get_family
+    from ddpo_grpo.trainer.sampling import sampler_settings
 
     s = config.sample
-    return get_family(family).stored_steps(int(s.num_steps), s.sde_type, int(s.sde_window_size))
+    return get_family(pipe.family).stored_steps(pipe.scheduler, sampler_settings(config, pipe.family),
+                                                int(s.num_steps), int(s.sde_window_size))
 
 
 def _autocast(config, device: str = "cpu"):
@@ -123,7 +125,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
             for tt in timesteps:
                 unet(x, tt.expand(rows_sample), encoder_hidden_states=e)
 
-    T_store = stored_steps(config, pipe.family)
+    T_store = stored_steps(config, pipe)
     # the trainer trains only steps with std >= train.min_step_std (a window's steps for flow windows)
     from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
 

@@ -85,14 +85,24 @@ def test_noised_and_target_is_the_familys():
 
 
 def test_stochastic_and_stored_steps():
+    from diffusers import DDIMScheduler
+
     ddim, flow = get_family("ddim"), get_family("flow")
+    d = SamplerSettings(family="ddim", eta=1.0)
+    released = DDIMScheduler(set_alpha_to_one=False, steps_offset=1)  # SD's values: every step has noise
     # DDIM: every step is stochastic whatever sde_type says; a window (eta 0 outside it) stores its own steps only
-    assert ddim.stochastic_steps(10, "sde") == ddim.stochastic_steps(10, "cps") == 10
-    assert ddim.stored_steps(10, "cps") == 10 and ddim.stored_steps(10, "sde", window_size=3) == 3
+    assert ddim.stochastic_steps(released, d, 10) == ddim.stochastic_steps(released, SamplerSettings(sde_type="cps"), 10) == 10
+    assert ddim.stored_steps(released, d, 10) == 10 and ddim.stored_steps(released, d, 10, window_size=3) == 3
+    # ... but the last step has no noise where it ends at ᾱ = 1 (set_alpha_to_one) or starts at t = 0 (offset 0)
+    assert ddim.stochastic_steps(DDIMScheduler(set_alpha_to_one=True, steps_offset=1), d, 10) == 9
+    assert ddim.stochastic_steps(DDIMScheduler(set_alpha_to_one=False, steps_offset=0), d, 10) == 9
     assert ddim.supports_sde_window
     # flow: CPS's last step has zero variance (ODE, not stored); a window stores its own steps only
-    assert flow.stochastic_steps(10, "sde") == 10 and flow.stochastic_steps(10, "cps") == 9
-    assert flow.stored_steps(10, "cps") == 9 and flow.stored_steps(10, "sde", window_size=3) == 3
+    fs = flow_scheduler()
+    assert flow.stochastic_steps(fs, SamplerSettings(family="flow", sde_type="sde"), 10) == 10
+    assert flow.stochastic_steps(fs, SamplerSettings(family="flow", sde_type="cps"), 10) == 9
+    assert flow.stored_steps(fs, SamplerSettings(family="flow", sde_type="cps"), 10) == 9
+    assert flow.stored_steps(fs, SamplerSettings(family="flow", sde_type="sde"), 10, window_size=3) == 3
     assert flow.supports_sde_window
 
 

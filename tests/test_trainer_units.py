@@ -202,7 +202,7 @@ def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
     (lambda c: _window(c, 3, start=8), r"sde_window_start=8 \+ sample.sde_window_size=3 = 11 exceeds sample.num_steps=10"),
     (lambda c: _window(c, 3, start=-1), "sample.sde_window_start=-1 must be >= 0"),
     (lambda c: _window(c, 11), r"sample.sde_window_size=11 must be in \[0, num_steps=10\]"),
-    # cps runs its last step as ODE: a window has 9 of the 10 steps
+    # cps's last step has no noise (σ' = 0): deterministic, a window has 9 of the 10 steps
     (lambda c: _window(c, 3, start=7, sde_type="cps"), "= 10 exceeds the 9 stochastic steps"),
     (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
 ])
@@ -235,11 +235,12 @@ def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():
     # (0..7) even when sample.sde_type is "cps" (a flow-only option that DDIM ignores); the flow CPS room is 9 steps.
     from ddpo_grpo.trainer.sampling import sde_window, stochastic_steps
 
-    c = _config("tiny")
+    c, f = _config("tiny"), _config("tiny_flow")
     _window(c, 3, 0, "sliding", "cps")
-    assert stochastic_steps(c, "ddim") == c.sample.num_steps == 10 and stochastic_steps(c, "flow") == 9
+    _window(f, 3, 0, "sliding", "cps")
+    assert stochastic_steps(c, "ddim") == c.sample.num_steps == 10 and stochastic_steps(f, "flow") == 9
     assert sorted({sde_window(c, e, "ddim")[0] for e in range(16)}) == list(range(8))
-    assert sorted({sde_window(c, e, "flow")[0] for e in range(16)}) == list(range(7))
+    assert sorted({sde_window(f, e, "flow")[0] for e in range(16)}) == list(range(7))
 
 
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):

@@ -27,7 +27,7 @@ from .common import GeneratorLike, check_positive_std, draw_noise, expand_to_ndi
 TimestepLike = Union[int, torch.Tensor]
 
 
-def _ddim_mean_std(scheduler, model_output: torch.Tensor, timestep: TimestepLike, sample: torch.Tensor,
+def ddim_mean_std(scheduler, model_output: torch.Tensor, timestep: TimestepLike, sample: torch.Tensor,
                    eta: float, use_clipped_model_output: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float32 mean μ (B, ...) and std σ_t (B, 1, ..., 1) of the DDIM transition, plus the
     per-sample boolean (B,) `is_final` marking steps whose previous timestep is before 0."""
@@ -139,24 +139,21 @@ def ddim_step_with_logprob(
 
     Raises:
         ValueError: if eta <= 0, or if σ_t = 0 for some sample (the final step when
-            final_alpha_cumprod == 1), since the log-probability is then undefined.
+            final_alpha_cumprod == 1, or t = 0 when ᾱ_s = ᾱ_0), since the log-probability is then undefined.
     """
     if eta <= 0:
         raise ValueError(
             f"eta={eta}: eta=0 is deterministic DDIM sampling and has no log-probability; use eta>0 for training"
             if eta == 0 else f"eta must be > 0 for a log-probability, got eta={eta}"
         )
-    mean, std, is_final = _ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output)
+    mean, std, _ = ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output)
 
-    zero_std = std.reshape(-1) == 0
-    if bool(torch.any(zero_std & is_final)) and float(scheduler.final_alpha_cumprod) == 1.0:
-        raise ValueError(
-            "the final DDIM step has zero variance because final_alpha_cumprod == 1 "
-            "(DDIMScheduler(set_alpha_to_one=True)), so its log-probability is undefined; "
-            "use set_alpha_to_one=False, or take the last step with ddim_step and do not train on it"
-        )
-    check_positive_std(std, "the DDIM step has zero variance (σ_t == 0) for some sample, "
-                            "so its log-probability is undefined")
+    # σ_t = 0 (the last step into final_alpha_cumprod == 1, i.e. set_alpha_to_one=True; or t = 0 with ᾱ_s = ᾱ_0)
+    # has no density. The sampler never asks for it: core.families' stochastic_steps takes such a step with
+    # ddim_step and stores no log-prob for it; a direct call here is a caller's error.
+    check_positive_std(std, "the DDIM step has zero variance (σ_t == 0) for some sample (e.g. the last step with "
+                            "set_alpha_to_one=True, or t = 0), so it has no log-probability: it is a deterministic "
+                            "step, taken with ddim_step (ModelFamily.stochastic_steps excludes it)")
 
     if prev_sample is None:
         noise = draw_noise(sample.shape, generator, sample.device)
@@ -190,7 +187,7 @@ def ddim_step(
     """
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got eta={eta}")
-    mean, std, _ = _ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output)
+    mean, std, _ = ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output)
     if eta == 0:
         return mean.to(sample.dtype)
     noise = draw_noise(sample.shape, generator, sample.device)

@@ -23,8 +23,8 @@ import torch
 from ddpo_grpo.errors import ConfigError
 
 from .common import GeneratorLike
-from .ddim_with_logprob import ddim_step, ddim_step_with_logprob
-from .sde_with_logprob import flow_ode_step, sde_step_with_logprob
+from .ddim_with_logprob import ddim_mean_std, ddim_step, ddim_step_with_logprob
+from .sde_with_logprob import flow_ode_step, flow_step_std, sde_step_with_logprob
 
 # (prev_sample (N, C, H, W) in the sample's dtype, log_prob (N,) float32, mean (N, C, H, W) float32,
 #  std broadcastable to mean, float32)
@@ -82,17 +82,34 @@ class ModelFamily:
         Returns (x_t (N, C, H, W), the denoiser's timestep input (N,), target (N, C, H, W))."""
         raise NotImplementedError
 
-    def stochastic_steps(self, num_steps: int, sde_type: str) -> int:
-        """How many of the num_steps steps have a positive-variance policy step (and so can be stored and
-        trained); they are the first ones of the schedule."""
-        return num_steps
+    def step_std(self, scheduler, settings, timestep: torch.Tensor, step_index: int) -> float:
+        """The policy's std at one step of the set schedule: it depends on the schedule and eta / noise level only,
+        never on the sample, so it is read off the family's step math with a dummy sample. 0.0 exactly where the
+        step has no noise (DDIM σ_t = 0, CPS's σ' = 0)."""
+        raise NotImplementedError
 
-    def stored_steps(self, num_steps: int, sde_type: str, window_size: int = 0) -> int:
+    def step_stds(self, scheduler, settings, num_steps: int) -> torch.Tensor:
+        """The policy's std at each of the num_steps steps, (num_steps,) float32; sets the scheduler's schedule."""
+        self.set_timesteps(scheduler, num_steps)
+        return torch.tensor([self.step_std(scheduler, settings, t, i) for i, t in enumerate(scheduler.timesteps)],
+                            dtype=torch.float32)
+
+    def stochastic_steps(self, scheduler, settings, num_steps: int) -> int:
+        """How many steps, from the first, are stochastic: sampled with noise, carrying a log-probability, stored
+        and trained. The one rule for both families, read from the scheduler's settings: the steps before the first
+        whose noise is zero. A zero-noise step (DDIM's last with set_alpha_to_one, or with t = 0 and ᾱ_s = ᾱ_0;
+        CPS's last, σ' = 0) has no density, and every step after it is taken deterministically too, as steps outside
+        an SDE window are: both families share marginals between their stochastic and deterministic steps."""
+        std = self.step_stds(scheduler, settings, num_steps)
+        zero = torch.nonzero(std <= 0).flatten()
+        return int(zero[0]) if len(zero) else int(num_steps)
+
+    def stored_steps(self, scheduler, settings, num_steps: int, window_size: int = 0) -> int:
         """T, the number of steps a trajectory stores: the SDE window's size where the family takes one, else
         every stochastic step."""
         if window_size and self.supports_sde_window:
             return int(window_size)
-        return int(self.stochastic_steps(num_steps, sde_type))
+        return self.stochastic_steps(scheduler, settings, num_steps)
 
     def check_sample_config(self, sample) -> None:
         """Raise ConfigError with one clear line for sample.* values this family cannot train with
@@ -131,6 +148,10 @@ class DDIMFamily(ModelFamily):
 
     def ode_step(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
         return ddim_step(scheduler, model_output, timestep, sample, eta=0.0)
+
+    def step_std(self, scheduler, settings, timestep, step_index) -> float:
+        x = torch.zeros(1, 1, 1, 1)
+        return float(ddim_mean_std(scheduler, x, timestep, x, settings.eta, False)[1].reshape(-1)[0])
 
     def predicted_x0(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
         # From x_t = sqrt(ᾱ_t) x0 + sqrt(1 - ᾱ_t) ε and the prediction type; no clipping (unlike the DDIM step),
@@ -210,9 +231,8 @@ class FlowFamily(ModelFamily):
         s = u.view(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)  # (N, 1, ...): images and video latents
         return (1 - s) * x0 + s * noise, u * n_train, noise - x0
 
-    def stochastic_steps(self, num_steps: int, sde_type: str) -> int:
-        # CPS has zero variance on the last step (sigma' = 0): it runs the ODE and is neither stored nor trained.
-        return num_steps - (1 if sde_type == "cps" else 0)
+    def step_std(self, scheduler, settings, timestep, step_index) -> float:
+        return float(flow_step_std(scheduler, step_index, settings.noise_level, settings.sde_type))
 
     def check_sample_config(self, sample) -> None:
         if sample.noise_level <= 0:

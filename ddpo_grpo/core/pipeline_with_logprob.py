@@ -2,8 +2,8 @@
 
 Works for the DDIM family (UNet predicting epsilon / v / x0) and the flow-matching family (velocity
 prediction, SDE sampling), with or without a VAE, text conditions or precomputed embeddings,
-classifier-free guidance and an optional SDE window for flow models (steps outside the window run the
-deterministic ODE and are neither stored nor trained).
+classifier-free guidance and an optional SDE window (steps outside the window, and steps without noise for the
+scheduler's settings, are deterministic and neither stored nor trained).
 """
 from __future__ import annotations
 
@@ -164,9 +164,11 @@ def pipeline_with_logprob(
     family.set_timesteps(scheduler, num_inference_steps)
     if sde_window is not None and not family.supports_sde_window:
         raise ValueError(f"sde_window does not apply to the {family.name} family")
+    # Steps past the stochastic ones (a zero-noise step: DDIM's σ_t = 0, CPS's σ' = 0, and any after it) are
+    # deterministic and not stored, as steps outside a window are (families.ModelFamily.stochastic_steps).
+    n_stochastic = (num_inference_steps if deterministic else
+                    family.stochastic_steps(scheduler, settings, num_inference_steps))
     timesteps = scheduler.timesteps
-    # Steps past the stochastic ones (CPS's zero-variance last step) run the ODE and are not stored.
-    n_stochastic = family.stochastic_steps(len(timesteps), settings.sde_type)
     if sde_window is None:
         stored = range(len(timesteps)) if deterministic else range(n_stochastic)
     else:
@@ -226,9 +228,8 @@ def _branched(unet, scheduler, settings: SamplerSettings, spec: BranchSpec, prom
     family = get_family(settings.family)
     if not family.supports_sde_window:  # deterministic steps between splits must keep the stochastic marginals
         raise ValueError(f"branched sampling does not apply to the {family.name} family")
-    family.set_timesteps(scheduler, num_inference_steps)
+    spec.check(family.stochastic_steps(scheduler, settings, num_inference_steps))  # sets the schedule
     timesteps = scheduler.timesteps
-    spec.check(family.stochastic_steps(len(timesteps), settings.sde_type))
     device = prompt_embeds.device
     if latents is None:
         latents = torch.randn((B // L, *sample_shape), generator=generator).to(device)

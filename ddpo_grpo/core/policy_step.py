@@ -95,15 +95,6 @@ def predicted_x0(family: Union[str, ModelFamily], scheduler, model_output: torch
 
 def schedule_stds(scheduler, settings: SamplerSettings, num_steps: int, sample_shape=(1, 1, 1)) -> torch.Tensor:
     """The policy's std at each of the num_steps steps, (num_steps,): it depends on the schedule, eta / noise level
-    and the step only, so it is read off one dummy step each (no model). inf where a step has no variance."""
-    family = get_family(settings.family)
-    family.set_timesteps(scheduler, num_steps)
-    x = torch.zeros(1, *sample_shape)
-    out = []
-    for i, t in enumerate(scheduler.timesteps):
-        try:
-            std = family.step_with_logprob(scheduler, settings, x, t, i, x)[3]
-            out.append(float(std.reshape(-1)[0]))
-        except ValueError:  # a zero-variance step (e.g. CPS's last): never stored nor trained
-            out.append(0.0)
-    return torch.tensor(out)
+    and the step only (ModelFamily.step_stds, no model); 0 where a step has no noise (never stored nor trained).
+    sample_shape: unused, kept for callers."""
+    return get_family(settings.family).step_stds(scheduler, settings, num_steps)

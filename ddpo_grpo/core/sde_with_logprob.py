@@ -144,6 +144,14 @@ def sde_step_with_logprob(
     return prev_sample, log_prob, mean, std
 
 
+def flow_step_std(scheduler, step_index: int, noise_level: float, sde_type: str) -> torch.Tensor:
+    """The std of the stochastic step at step_index (0-d float32), from the schedule alone (no model): 0 where the
+    step has no noise (CPS's last, σ' = 0); what core.families decides stochastic steps by."""
+    x = torch.zeros(1, 1)
+    sigma, sigma_next = _sigmas_for_step(scheduler, step_index, x)
+    return _sde_mean_std(sigma, sigma_next, x, x, noise_level, sde_type)[1].reshape(-1)[0]
+
+
 def flow_ode_step(scheduler, model_output: torch.Tensor, step_index: StepIndexLike,
                   sample: torch.Tensor) -> torch.Tensor:
     """Deterministic Euler step of the flow ODE: x_{σ'} = x_σ + (σ' - σ) · v.

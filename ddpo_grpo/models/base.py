@@ -150,6 +150,7 @@ class ModelAdapter:
 
     name = ""
     pipeline_class = ""  # the diffusers pipeline class an export is written with ("": none describes the model)
+    dynamic_shift = False  # computes the mu of a flow scheduler with use_dynamic_shifting (load_scheduler)
     components: Tuple[str, ...] = ()  # its component names, as in pipe.components
     denoiser_folder = "unet"  # the denoiser's subfolder, and its component name in the pipeline
     lora_prefix = "unet"  # key prefix of the denoiser's tensors in diffusers' LoRA files
@@ -257,10 +258,21 @@ def scheduler_family(path: str) -> str:
     return "flow" if flow_sigmas_config(cfg) else family_of_scheduler(cfg.get("_class_name", "")).name
 
 
-def load_scheduler(path: str, **overrides):
+# What a folder's scheduler config is read as DDIM with where it does not say (the keys DDIM has that Euler,
+# DPM-Solver, UniPC, LMS, Heun, ... lack); every key the folder holds is kept as it is.
+# clip_sample: DDIM's default True clamps x̂0 to [-1, 1], which those samplers never do (latents exceed it);
+# set_alpha_to_one: DDIM's default True ends the last step at ᾱ = 1, where it has no noise; False is Stable
+# Diffusion's and SDXL's released value. A step left without noise is a deterministic step either way
+# (core.families: ModelFamily.stochastic_steps); the run's note says what was filled (trainer.sampling).
+DDIM_FILLED = {"clip_sample": False, "set_alpha_to_one": False}
+
+
+def load_scheduler(path: str, dynamic_shift: bool = False, **overrides):
     """(scheduler, family name): the folder's scheduler config as the family's scheduler class (core.families), e.g.
-    a Stable Diffusion PNDM config as DDIM, as DDPO does, and a flow-sigma UniPC config (Wan) as flow-matching Euler
-    with its flow_shift; `overrides` replace config entries."""
+    a Stable Diffusion PNDM or an SDXL Euler config as DDIM (as DDPO does: the folder's keys kept, DDIM_FILLED's
+    filled where absent), and a flow-sigma UniPC config (Wan) as flow-matching Euler with its flow_shift;
+    `overrides` replace config entries. dynamic_shift: the caller supplies the resolution-dependent mu of a flow
+    config with use_dynamic_shifting (models.sd3); for other callers such a config is one ConfigError line."""
     from diffusers import DDIMScheduler
 
     from ddpo_grpo.core.families import family_of_scheduler
@@ -275,6 +287,14 @@ def load_scheduler(path: str, **overrides):
         cfg = dict({k: v for k, v in cfg.items() if k in takes}, _class_name="FlowMatchEulerDiscreteScheduler",
                    shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
     family = family_of_scheduler(cfg.get("_class_name"))
+    if family.name == "ddim":
+        cfg = dict(DDIM_FILLED, **cfg)
+    elif cfg.get("use_dynamic_shifting") and not dynamic_shift:
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError(f"model {path!r}: scheduler/scheduler_config.json has use_dynamic_shifting=true, whose shift "
+                          "(mu) depends on an image-token count this architecture does not define; set it to false "
+                          "and give the shift to sample with in `shift`")
     return family.scheduler_from_config(cfg), family.name
 
 

@@ -159,6 +159,7 @@ def vae_scale_factor(vae_config) -> int:
 class FluxAdapter(ModelAdapter):
     name = "flux"
     pipeline_class = "FluxPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
+    dynamic_shift = True  # static_scheduler: FluxPipeline's mu at the run's resolution
     components = COMPONENTS
     denoiser_folder = "transformer"
     lora_prefix = "transformer"

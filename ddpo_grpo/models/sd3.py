@@ -100,6 +100,7 @@ def vae_scale_factor(vae_config) -> int:
 class SD3Adapter(ModelAdapter):
     name = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
+    dynamic_shift = True  # run_scheduler: StableDiffusion3Pipeline's mu for the run's image tokens
     components = COMPONENTS
     denoiser_folder = "transformer"
     lora_prefix = "transformer"
@@ -127,7 +128,7 @@ class SD3Adapter(ModelAdapter):
             raise ConfigError(f"model {path!r}: a StableDiffusion3Pipeline samples with "
                               f"FlowMatchEulerDiscreteScheduler, this folder's scheduler is {sched_class}")
         kw = dict(local_files_only=True)
-        scheduler, family = load_scheduler(path)
+        scheduler, family = load_scheduler(path, dynamic_shift=self.dynamic_shift)  # run_scheduler gives it its mu
         text_dtype = component_dtype("text_encoder", torch_dtype)  # T5-XXL: 9.5 GB in bf16, 19 GB in float32
         model = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=component_dtype(
             "denoiser", torch_dtype), **kw).to(device)

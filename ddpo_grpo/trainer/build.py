@@ -20,7 +20,7 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.combine import PER_STEP_MODES
 
 from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset
-from .sampling import SDE_WINDOW_MODES, branch_spec, stochastic_steps
+from .sampling import branch_spec, check_window, model_scheduler, scheduler_note
 
 
 @dataclass
@@ -188,23 +188,8 @@ def validate_config(config, num_processes: int) -> str:
     get_family(family).check_sample_config(s)  # eta > 0 (DDIM), noise_level > 0 (flow), windows for flow only
     if s.sde_type not in SDE_TYPES:
         raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
-    if s.sde_window_mode not in SDE_WINDOW_MODES:
-        raise ConfigError(f"sample.sde_window_mode={s.sde_window_mode!r}; choose one of {SDE_WINDOW_MODES}")
-    if s.sde_window_size < 0 or s.sde_window_size > s.num_steps:
-        raise ConfigError(f"sample.sde_window_size={s.sde_window_size} must be in [0, num_steps={s.num_steps}]")
-    if s.sde_window_size:  # 0: no window, every step is stochastic
-        room = stochastic_steps(config, family)  # the window lies within the stochastic steps
-        where = (f"sample.num_steps={s.num_steps}" if room == s.num_steps else
-                 f"the {room} stochastic steps (sample.num_steps={s.num_steps}; sde_type='cps' runs the last one as ODE)")
-        w, start = s.sde_window_size, s.sde_window_start
-        if s.sde_window_mode == "fixed":
-            if start < 0:
-                raise ConfigError(f"sample.sde_window_start={start} must be >= 0")
-            if start + w > room:
-                raise ConfigError(f"sample.sde_window_start={start} + sample.sde_window_size={w} = {start + w} "
-                                  f"exceeds {where}")
-        elif w > room:  # random / sliding starts are drawn so that the window fits
-            raise ConfigError(f"sample.sde_window_size={w} exceeds {where}")
+    scheduler = model_scheduler(config)  # config only; None for a built model (checked again in build_context)
+    check_window(config, family, scheduler)
     if not 0 < t.timestep_fraction <= 1:
         raise ConfigError(f"train.timestep_fraction={t.timestep_fraction} must be in (0, 1]")
     if t.clip_range <= 0:
@@ -277,7 +262,7 @@ def validate_config(config, num_processes: int) -> str:
 
     check_guard(config)  # reward.gold names, train.hacking_guard
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
-    tree = branch_spec(config, family)  # a tree that cannot be sampled or trained is one line here
+    tree = branch_spec(config, family, scheduler)  # a tree that cannot be sampled or trained is one line here
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
                    num_processes=num_processes, k=s.k, seed=config.seed,
                    tree_size=tree.leaves if tree else 1)  # geometry, and enough distinct conditions
@@ -389,7 +374,10 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
                              executor=executor)
     train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")
-    tree = branch_spec(config, pipe.family)
+    check_window(config, pipe.family, pipe.scheduler)  # the loaded scheduler decides (a built model's first here)
+    tree = branch_spec(config, pipe.family, pipe.scheduler)
+    if accelerator.is_main_process:
+        print(scheduler_note(config, pipe), flush=True)
     sampler = KRepeatSampler(len(train_data), config.sample.batch_size, config.sample.num_batches_per_epoch,
                              accelerator.num_processes, config.sample.k, config.seed,
                              weights=getattr(train_data, "weights", None), tree_size=tree.leaves if tree else 1)

@@ -51,19 +51,36 @@ class EpochSamples:
 SDE_WINDOW_MODES = ("fixed", "random", "sliding")
 
 
-def stochastic_steps(config, family: str) -> int:
-    """How many of the sample.num_steps steps are stochastic (and so trainable), the room an SDE window has:
-    all of them, but the last for a flow model with sde_type "cps" (zero variance at sigma' = 0: it runs the ODE);
-    every step for DDIM, whatever sde_type says. This is the room of an SDE window or a tree's splits."""
-    return get_family(family).stochastic_steps(config.sample.num_steps, config.sample.sde_type)
+def model_scheduler(config):
+    """The model's scheduler as the trainer reads it from its folder (config only, no weights: models.base's
+    load_scheduler), for the checks made before the model loads; None for a BUILT model (its builder makes the
+    scheduler: build_context checks again with the loaded pipe's)."""
+    from ddpo_grpo.models import BUILT, model_adapter, resolve_model_path
+    from ddpo_grpo.models.base import load_scheduler
+
+    if config.pretrained.model in BUILT:
+        return None
+    path = resolve_model_path(config.pretrained.model)
+    if model_adapter(path).dynamic_shift:  # the shift moves sigmas, never which steps have noise (σ' = 0: the last)
+        return load_scheduler(path, dynamic_shift=True, use_dynamic_shifting=False)[0]
+    return load_scheduler(path)[0]  # a config this adapter cannot sample is one ConfigError line here
 
 
-def sde_window(config, epoch: int, family: str) -> Optional[tuple]:
+def stochastic_steps(config, family: str, scheduler=None) -> int:
+    """How many of the sample.num_steps steps are stochastic (and so trainable): the room of an SDE window or a
+    tree's splits. core.families' ModelFamily.stochastic_steps decides it from the scheduler (the steps before the
+    first one without noise: DDIM's σ_t = 0, CPS's last); scheduler: the loaded pipe's, else model_scheduler's."""
+    scheduler = model_scheduler(config) if scheduler is None else scheduler
+    return get_family(family).stochastic_steps(scheduler, sampler_settings(config, family), config.sample.num_steps)
+
+
+def sde_window(config, epoch: int, family: str, scheduler=None) -> Optional[tuple]:
     """(start, size) of the stochastic window for this epoch, identical on every process, or None (size 0).
-    The window lies within `family`'s stochastic steps (`stochastic_steps`); validate_config checks that it fits."""
-    w, T = config.sample.sde_window_size, stochastic_steps(config, family)
+    The window lies within `family`'s stochastic steps (`stochastic_steps`); check_window checks that it fits."""
+    w = config.sample.sde_window_size
     if not w:
         return None
+    T = stochastic_steps(config, family, scheduler)
     mode = config.sample.sde_window_mode
     if mode == "fixed":
         start = config.sample.sde_window_start
@@ -76,7 +93,60 @@ def sde_window(config, epoch: int, family: str) -> Optional[tuple]:
     return (start, w)
 
 
-def branch_spec(config, family: str) -> Optional[BranchSpec]:
+def scheduler_note(config, pipe) -> str:
+    """The run's `note:` line on its scheduler, stated once: the folder's class and the class it is sampled as, the
+    values that decide DDIM's steps (the folder's, or DDIM_FILLED's where the folder does not say), and how many
+    steps are stochastic (trained) and how many, without noise for these settings, are deterministic."""
+    import json
+    import os
+
+    from ddpo_grpo.models.base import DDIM_FILLED
+
+    sched, family = pipe.scheduler, pipe.family
+    f = os.path.join(str(pipe.path), "scheduler", "scheduler_config.json")
+    folder = json.load(open(f)) if os.path.isfile(f) else None
+    was = (folder or {}).get("_class_name", type(sched).__name__)
+    head = f"note: scheduler: {was}" + ("" if was == type(sched).__name__ else f" sampled as {type(sched).__name__}")
+    if family == "ddim":
+        keys = ("timestep_spacing", "steps_offset", "set_alpha_to_one", "clip_sample", "prediction_type")
+        said = lambda k: folder is None or k in folder or k not in DDIM_FILLED  # noqa: E731
+        vals = ", ".join(f"{k}={sched.config[k]!r}" + ("" if said(k) else " (filled: not in the folder)") for k in keys)
+        head += f" (eta {config.sample.eta}): {vals}"
+    else:
+        head += f" ({config.sample.sde_type}, noise_level {config.sample.noise_level}): shift={sched.config.get('shift')}"
+    n = int(config.sample.num_steps)
+    room = stochastic_steps(config, family, sched)
+    tail = f"; {room} of {n} steps stochastic (trained)"
+    if room < n:
+        tail += f", the last {n - room} without noise for these settings: deterministic, no log-prob, not trained"
+    return head + tail
+
+
+def check_window(config, family: str, scheduler) -> None:
+    """One ConfigError line for an SDE window that does not fit in the stochastic steps of `scheduler`."""
+    s = config.sample
+    if s.sde_window_mode not in SDE_WINDOW_MODES:
+        raise ConfigError(f"sample.sde_window_mode={s.sde_window_mode!r}; choose one of {SDE_WINDOW_MODES}")
+    if s.sde_window_size < 0 or s.sde_window_size > s.num_steps:
+        raise ConfigError(f"sample.sde_window_size={s.sde_window_size} must be in [0, num_steps={s.num_steps}]")
+    if not s.sde_window_size or scheduler is None:  # 0: no window; None: a built model, checked once built
+        return
+    room = stochastic_steps(config, family, scheduler)  # the window lies within the stochastic steps
+    where = (f"sample.num_steps={s.num_steps}" if room == s.num_steps else
+             f"the {room} stochastic steps (sample.num_steps={s.num_steps}; {s.num_steps - room} without noise for "
+             "the scheduler's settings run deterministically)")
+    w, start = s.sde_window_size, s.sde_window_start
+    if s.sde_window_mode == "fixed":
+        if start < 0:
+            raise ConfigError(f"sample.sde_window_start={start} must be >= 0")
+        if start + w > room:
+            raise ConfigError(f"sample.sde_window_start={start} + sample.sde_window_size={w} = {start + w} "
+                              f"exceeds {where}")
+    elif w > room:  # random / sliding starts are drawn so that the window fits
+        raise ConfigError(f"sample.sde_window_size={w} exceeds {where}")
+
+
+def branch_spec(config, family: str, scheduler=None) -> Optional[BranchSpec]:
     """The tree of `sample.branch_steps` x `sample.branches` (core.branching), or None without branch steps. Raises
     ConfigError with one line for a tree that cannot be sampled or trained: a split outside the stochastic steps,
     fewer than 2 branches, k or the batch not holding whole trees, or an option that means something else per
@@ -86,8 +156,9 @@ def branch_spec(config, family: str) -> Optional[BranchSpec]:
     if not steps:
         return None
     spec = BranchSpec(steps, int(s.branches))
-    try:
-        spec.check(stochastic_steps(config, family))
+    scheduler = model_scheduler(config) if scheduler is None else scheduler
+    try:  # a built model's schedule is known once built: build_context checks again with the pipe's scheduler
+        spec.check(int(s.num_steps) if scheduler is None else stochastic_steps(config, family, scheduler))
     except ValueError as e:
         raise ConfigError(f"sample.branch_steps / sample.branches: {e}") from None
     L = spec.leaves
@@ -134,7 +205,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     unet = ctx.unet
     unet.eval()
     settings = sampler_settings(config, ctx.pipe.family)
-    window = sde_window(config, epoch, ctx.pipe.family)
+    window = sde_window(config, epoch, ctx.pipe.family, ctx.pipe.scheduler)
     tree = ctx.tree
     per_step = config.reward.per_step
     parts, futures = [], []
