@@ -400,3 +400,27 @@ def test_export_renders_what_the_trained_policy_samples(trained, wan_folder, ckp
                          recam_checkpoint=ckpt)
     assert not torch.allclose(recam_render.render(base, items[0]["source_video"], items[0]["cameras"], "a red circle",
                                                   steps=2, guidance=2.0, noise=x), frames, atol=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(pipe):
+    """The camera hooks run again in a checkpointed block's recompute and read the same camera tokens."""
+    items, cond, x = _inputs(pipe, seed=11)
+    emb = pipe.encode(["a red circle", "a blue square"])
+    model = pipe.unet.model
+    grads = []
+    for ckpt_on in (False, True):
+        model.requires_grad_(True)
+        model.zero_grad()
+        if ckpt_on:
+            model.enable_gradient_checkpointing()
+        model.train()
+        out = pipe.unet(torch.cat([x, cond], 1), torch.tensor([600.0, 300.0]), encoder_hidden_states=emb).sample
+        out.pow(2).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if "cam_encoder" in n or "attn1.to_q" in n})
+        model.disable_gradient_checkpointing()
+        model.eval()
+        model.requires_grad_(False)
+        model.zero_grad(set_to_none=True)
+    assert grads[0] and all(g.abs().sum() > 0 for g in grads[0].values())
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n

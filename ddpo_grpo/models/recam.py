@@ -195,7 +195,6 @@ def camera_planes(cameras: torch.Tensor, height: int, width: int) -> torch.Tenso
 # --------------------------------------------------------------------------------------------------- the adapter
 class RecamAdapter(WanAdapter):
     name = "recam"
-    pipeline_classes = ()  # chosen by pretrained.recam_checkpoint over a WanPipeline folder, not by a class name
     # ReCamMaster's own trainable set: the camera layers and every self-attention (as LoRA targets, and as the
     # parameters a full fine-tune trains).
     lora_target_modules = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "cam_encoder", "projector")
