@@ -112,9 +112,6 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
     entry.update({k: v for k, v in m.items() if k.startswith(("gold/", "hacking/"))})
     if ctx.gold is not None:  # the gold reward's cost this epoch: the training subsample and the eval, if one ran
         entry["gold_seconds"] = timer.seconds.get("gold", 0.0) + eval_metrics.get("time/gold_eval", 0.0)
-    entry.update({k: v for k, v in m.items() if k.startswith(("gold/", "hacking/"))})
-    if ctx.gold is not None:  # the gold reward's cost this epoch: the training subsample and the eval, if one ran
-        entry["gold_seconds"] = timer.seconds.get("gold", 0.0) + eval_metrics.get("time/gold_eval", 0.0)
     ctx.state.history.append(entry)
     if acc.is_main_process and config.logging.image_freq and epoch % config.logging.image_freq == 0:
         n = min(config.logging.num_images, len(samples))
@@ -124,7 +121,6 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
         log_images(acc, "train_samples", grid, epoch, samples.images[:n], caps)
     train_part = epoch_line_train(train_metrics)
     line = (f"epoch {epoch}: reward {m['reward_mean']:.4f}"
-            + (f" gold {m['gold/train_avg']:.4f}" if "gold/train_avg" in m else "")
             + (f" gold {m['gold/train_avg']:.4f}" if "gold/train_avg" in m else "")
             + "".join(f" {k} {v:.3f}" for k, v in m.items() if k.endswith("strict_accuracy"))
             + (f" | {train_part}" if train_part else "")
