@@ -1,7 +1,7 @@
 from setuptools import find_packages, setup
 
 # assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
-BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam")
+BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video")
 
 setup(
     name="ddpo_grpo",
@@ -13,7 +13,7 @@ setup(
     packages=find_packages(include=["ddpo_grpo", "ddpo_grpo.*"]) + ["ddpo_grpo.assets"],
     package_dir={"ddpo_grpo.assets": "assets"},
     package_data={"ddpo_grpo.assets": [f"{name}/{pattern}" for name in BUNDLED_MODELS
-                                       for pattern in ("*.json", "*/*.json", "*/*.safetensors")]},
+                                       for pattern in ("*.json", "*/*.json", "*/*.safetensors", "*.ckpt")]},
     python_requires=">=3.10",
     # Every range admits the CPU wheel torch==2.13.0, so pip never swaps in a multi-GB CUDA build.
     install_requires=[

@@ -108,12 +108,17 @@ def main() -> None:
     # then normalised by their measured mean / std, as Wan's are; cosine decay lets the reconstruction settle.
     opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99))
     vsched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s / args.vae_steps, 1.0))))
-    running = []
+    running, raw = [], []
+    # The loss reads the decoder's output before AutoencoderKLWan.decode clamps it to [-1, 1]: on the clamped output
+    # the background (-1) saturates at once and the gradient vanishes (measured: stuck at the blank frame's error).
+    hook = vae.decoder.register_forward_hook(lambda module, args, out: raw.append(out))
     for step in range(1, args.vae_steps + 1):
-        idx = torch.randint(0, len(prompts), (args.batch // 2,), generator=g)
+        idx = torch.randint(0, len(prompts), (args.batch // 4,), generator=g)
         x = to_vae(torch.cat([src[idx], tgt[idx]]))
+        raw.clear()
         z = vae.encode(x).latent_dist.mean
-        rec = vae.decode(z).sample
+        vae.decode(z)
+        rec = torch.cat(raw, dim=2)
         mse = F.mse_loss(rec, x)
         loss = mse + 1e-4 * z.pow(2).mean()
         opt.zero_grad()
@@ -125,6 +130,7 @@ def main() -> None:
         if step % 100 == 0 or step == 1:
             print(f"vae {step}/{args.vae_steps} rec (mean of last 100) {np.mean(running[-100:]):.5f} "
                   f"{time.time() - t0:.0f}s", flush=True)
+    hook.remove()
     vae.eval().requires_grad_(False)
     with torch.no_grad():
         means = torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(prompts)), 64)])

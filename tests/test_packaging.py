@@ -12,11 +12,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "ddpo_grpo")
 ASSETS = os.path.join(ROOT, "assets")
-BUNDLED = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam")
+BUNDLED = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video")
 WORLD_REWARDS = {
     "toyworld": "ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
     "cam_score": "ddpo_grpo.worlds.recam.cam_score:make_cam_score",
     "unifiedscore": "ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
+    "colour_share": "ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward",
 }
 # The in-package adapters, registered as a user's adapter plugin would be (models/registry.py).
 MODEL_ADAPTERS = {cls: f"ddpo_grpo.models.{mod}:ADAPTER" for cls, mod in (
@@ -39,7 +40,8 @@ def test_checkout_has_the_models_at_the_top_level():
     assert os.path.dirname(os.path.dirname(m.__file__)) == PKG, m.__file__
     assert m.ASSETS_DIR == ASSETS
     for name in BUNDLED:
-        assert os.path.isfile(os.path.join(m.resolve_model_path(name), "unet", "config.json"))
+        folder = m.resolve_model_path(name)  # a pixel UNet folder, or a Wan folder (tiny-recam-video)
+        assert any(os.path.isfile(os.path.join(folder, sub, "config.json")) for sub in ("unet", "transformer"))
 
 
 @pytest.fixture(scope="module")

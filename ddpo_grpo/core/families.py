@@ -45,6 +45,18 @@ class ModelFamily:
     # Whether a sample.sde_window (ODE outside it) applies: only a family whose deterministic and stochastic
     # steps share marginals step by step can switch between them mid-trajectory.
     supports_sde_window: bool = False
+    # Scheduler config values the family fills where a folder's config is silent (load_scheduler keeps every key the
+    # folder holds), and the keys the run's note states.
+    filled: Dict[str, Any] = {}
+    note_keys: tuple = ()
+
+    def fill_config(self, scheduler_config: Dict[str, Any]) -> Dict[str, Any]:
+        """The folder's scheduler config with the family's `filled` values where it says nothing."""
+        return dict(self.filled, **scheduler_config)
+
+    def describe(self, scheduler, sample) -> str:
+        """The sampler settings of the run's scheduler note: " (<settings>): <config values>"."""
+        return ""
 
     def set_timesteps(self, scheduler, num_steps: int) -> None:
         """Set the scheduler's inference schedule of num_steps steps (scheduler.timesteps, (num_steps,))."""
@@ -131,6 +143,16 @@ class DDIMFamily(ModelFamily):
 
     name = "ddim"
     scheduler_class_name = "DDIMScheduler"
+    # What DDIMScheduler needs that other classes' configs (Euler, DPM-Solver, UniPC, LMS, Heun, ...) lack.
+    # clip_sample: DDIM's default True clamps x̂0 to [-1, 1], which those samplers never do (latents exceed it);
+    # set_alpha_to_one: DDIM's default True ends the last step at ᾱ = 1, where it has no noise; False is Stable
+    # Diffusion's and SDXL's released value. A step left without noise is a deterministic step either way
+    # (ModelFamily.stochastic_steps).
+    filled = {"clip_sample": False, "set_alpha_to_one": False}
+    note_keys = ("timestep_spacing", "steps_offset", "set_alpha_to_one", "clip_sample", "prediction_type")
+
+    def describe(self, scheduler, sample) -> str:
+        return f" (eta {sample.eta})"
 
     def set_timesteps(self, scheduler, num_steps: int) -> None:
         scheduler.set_timesteps(num_steps)
@@ -198,6 +220,10 @@ class FlowFamily(ModelFamily):
     name = "flow"
     scheduler_class_name = "FlowMatchEulerDiscreteScheduler"
     supports_sde_window = True  # the ODE and the SDE steps share the path's marginals (Flow-GRPO-Fast, MixGRPO)
+    note_keys = ("shift",)
+
+    def describe(self, scheduler, sample) -> str:
+        return f" ({sample.sde_type}, noise_level {sample.noise_level})"
 
     def set_timesteps(self, scheduler, num_steps: int) -> None:
         # sigmas on the CPU: the steps index them with CPU step indices.

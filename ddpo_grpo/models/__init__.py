@@ -16,6 +16,9 @@ BUNDLED = {
     "tiny-t2i-noisy": "tiny-t2i-noisy",  # tiny-t2i after noisy-colour captions: the efficacy task tiny_colour
     "tiny-flow": "tiny-flow",
     "tiny-recam": "tiny-recam",
+    # ReCamMaster's architecture (Wan classes + camera layers) pretrained on the video camera world; its DiT is
+    # recammaster.ckpt inside the folder (config recam_video_tiny: pretrained.recam_checkpoint="recammaster.ckpt")
+    "tiny-recam-video": "tiny-recam-video",
 }
 # Models built from configs in memory (random weights, nothing read from disk): name -> family, and name -> the
 # builder ("module:function", called as fn(resolution=, torch_dtype=, device=, denoiser_dtype=) and, for video,

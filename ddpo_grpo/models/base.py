@@ -258,13 +258,10 @@ def scheduler_family(path: str) -> str:
     return "flow" if flow_sigmas_config(cfg) else family_of_scheduler(cfg.get("_class_name", "")).name
 
 
-# What a folder's scheduler config is read as DDIM with where it does not say (the keys DDIM has that Euler,
-# DPM-Solver, UniPC, LMS, Heun, ... lack); every key the folder holds is kept as it is.
-# clip_sample: DDIM's default True clamps x̂0 to [-1, 1], which those samplers never do (latents exceed it);
-# set_alpha_to_one: DDIM's default True ends the last step at ᾱ = 1, where it has no noise; False is Stable
-# Diffusion's and SDXL's released value. A step left without noise is a deterministic step either way
-# (core.families: ModelFamily.stochastic_steps); the run's note says what was filled (trainer.sampling).
-DDIM_FILLED = {"clip_sample": False, "set_alpha_to_one": False}
+# What a DDIM reading fills where a folder's scheduler config is silent: the DDIM family's (core.families).
+from ddpo_grpo.core.families import DDIMFamily as _DDIM  # noqa: E402
+
+DDIM_FILLED = dict(_DDIM.filled)
 
 
 def load_scheduler(path: str, dynamic_shift: bool = False, **overrides):
@@ -287,9 +284,8 @@ def load_scheduler(path: str, dynamic_shift: bool = False, **overrides):
         cfg = dict({k: v for k, v in cfg.items() if k in takes}, _class_name="FlowMatchEulerDiscreteScheduler",
                    shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
     family = family_of_scheduler(cfg.get("_class_name"))
-    if family.name == "ddim":
-        cfg = dict(DDIM_FILLED, **cfg)
-    elif cfg.get("use_dynamic_shifting") and not dynamic_shift:
+    cfg = family.fill_config(cfg)
+    if cfg.get("use_dynamic_shifting") and not dynamic_shift:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError(f"model {path!r}: scheduler/scheduler_config.json has use_dynamic_shifting=true, whose shift "

@@ -100,22 +100,17 @@ def scheduler_note(config, pipe) -> str:
     import json
     import os
 
-    from ddpo_grpo.models.base import DDIM_FILLED
-
-    sched, family = pipe.scheduler, pipe.family
+    sched, fam = pipe.scheduler, get_family(pipe.family)
     f = os.path.join(str(pipe.path), "scheduler", "scheduler_config.json")
     folder = json.load(open(f)) if os.path.isfile(f) else None
     was = (folder or {}).get("_class_name", type(sched).__name__)
     head = f"note: scheduler: {was}" + ("" if was == type(sched).__name__ else f" sampled as {type(sched).__name__}")
-    if family == "ddim":
-        keys = ("timestep_spacing", "steps_offset", "set_alpha_to_one", "clip_sample", "prediction_type")
-        said = lambda k: folder is None or k in folder or k not in DDIM_FILLED  # noqa: E731
-        vals = ", ".join(f"{k}={sched.config[k]!r}" + ("" if said(k) else " (filled: not in the folder)") for k in keys)
-        head += f" (eta {config.sample.eta}): {vals}"
-    else:
-        head += f" ({config.sample.sde_type}, noise_level {config.sample.noise_level}): shift={sched.config.get('shift')}"
+    said = lambda k: folder is None or k in folder or k not in fam.filled  # noqa: E731
+    vals = ", ".join(f"{k}={sched.config.get(k)!r}" + ("" if said(k) else " (filled: not in the folder)")
+                     for k in fam.note_keys)
+    head += f"{fam.describe(sched, config.sample)}: {vals}"
     n = int(config.sample.num_steps)
-    room = stochastic_steps(config, family, sched)
+    room = stochastic_steps(config, fam.name, sched)
     tail = f"; {room} of {n} steps stochastic (trained)"
     if room < n:
         tail += f", the last {n - room} without noise for these settings: deterministic, no log-prob, not trained"
