@@ -33,82 +33,50 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Sequence
 
 import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .base import DenoiserOutput, PackedDenoiser, component_dtype, default_dtype, inner_model
+from .base import DenoiserOutput, PackedDenoiser, component_dtype, default_dtype
+from .recam_checkpoint import (  # noqa: F401  (the checkpoint format's names, importable from here too)
+    camera_keys, merged_state, original_state, read_checkpoint, to_diffusers_key, to_original_key)
 from .wan import WanAdapter, _scales
 
 CAMERA_DIM = 12  # per latent frame: the row-major top 3x4 of the target pose relative to the first frame
-CAMERA_LAYERS = ("cam_encoder", "projector")
 EXPORT_CHECKPOINT = "recammaster.ckpt"  # in an export folder: the DiT as a ReCamMaster checkpoint
-PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 
 
-# ------------------------------------------------------------------------------------------ checkpoint files
-def read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
-    """The tensors of a ReCamMaster checkpoint file; ConfigError (one line naming the file) when it is missing,
-    damaged, not a flat dict of tensors, or a pickle that would run code (torch.load(weights_only=True) only)."""
-    if not path or not os.path.isfile(path):
-        raise ConfigError(f"pretrained.recam_checkpoint {path!r} is not a file")
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
+# ------------------------------------------------------------------------------------------- the run's config
+def checkpoint_path(config) -> str:
+    """pretrained.recam_checkpoint as a path: a file, or a file inside the model folder (a bundled model's own)."""
+    ckpt = str(config.pretrained.get("recam_checkpoint", "") or "")
+    if ckpt and not os.path.isfile(ckpt) and not os.path.isabs(ckpt):
+        from ddpo_grpo.models import ModelPathError, resolve_model_path
 
-            state = load_file(path)
-        elif path.endswith(PICKLE_SUFFIXES):
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            raise ConfigError(f"pretrained.recam_checkpoint {path!r}: expected .safetensors or one of "
-                              f"{', '.join(PICKLE_SUFFIXES)}")
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a damaged or code-carrying file is one line, whatever the reader raised
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"pretrained.recam_checkpoint {path!r} cannot be read as tensors only ({first})") from None
-    if isinstance(state, dict) and set(state) <= {"state_dict", "module"} and len(state) == 1:
-        state = next(iter(state.values()))  # a training wrapper's {"state_dict": ...}
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError(f"pretrained.recam_checkpoint {path!r} is not a state dict of tensors")
-    return state
+        try:
+            inside = os.path.join(resolve_model_path(config.pretrained.model), ckpt)
+        except ModelPathError:
+            return ckpt
+        return inside if os.path.isfile(inside) else ckpt
+    return ckpt
 
 
-def camera_keys(num_layers: int) -> List[str]:
-    """The camera tensors' names (the same in the original and the diffusers naming)."""
-    return [f"blocks.{i}.{layer}.{p}" for i in range(num_layers) for layer in CAMERA_LAYERS for p in ("weight", "bias")]
+def check_config(config) -> None:
+    """A ReCamMaster checkpoint that cannot be read, has no camera layers or does not fit the Wan folder's
+    transformer is one ConfigError line here, before anything heavy loads."""
+    ckpt = checkpoint_path(config)
+    if not ckpt:
+        return
+    from diffusers import WanTransformer3DModel
 
+    from ddpo_grpo.models import model_adapter, resolve_model_path
 
-def to_diffusers_key(key: str) -> str:
-    """An original Wan key -> the WanTransformer3DModel key, by diffusers' own converter (camera keys unchanged)."""
-    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-
-    return next(iter(convert_wan_transformer_to_diffusers({key: None})))
-
-
-# The inverse of diffusers' renaming for Wan 2.1 T2V (checked against to_diffusers_key on every key at load).
-_TO_ORIGINAL = (
-    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
-    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
-    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
-    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
-    ("condition_embedder.time_proj", "time_projection.1"),
-    ("attn1", "self_attn"), ("attn2", "cross_attn"),
-    (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."),
-    ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"), ("proj_out", "head.head"),
-)
-
-
-def to_original_key(key: str) -> str:
-    """A WanTransformer3DModel key (with camera layers) -> the original Wan / ReCamMaster key."""
-    if key == "scale_shift_table":
-        return "head.modulation"
-    for new, old in _TO_ORIGINAL:
-        key = key.replace(new, old)
-    key = re.sub(r"\.scale_shift_table$", ".modulation", key)
-    return re.sub(r"\.norm([23])\.", lambda m: ".norm" + ("3" if m.group(1) == "2" else "2") + ".", key)
+    model_adapter(config.pretrained.model, ckpt)  # a Wan folder, or one line
+    cfg = WanTransformer3DModel.load_config(resolve_model_path(config.pretrained.model), subfolder="transformer",
+                                            local_files_only=True)
+    RecamAdapter.check_checkpoint(read_checkpoint(ckpt), cfg, ckpt)
 
 
 # --------------------------------------------------------------------------------------------- the camera layers
@@ -201,7 +169,7 @@ class RecamAdapter(WanAdapter):
     full_trainable = ("attn1.", "cam_encoder.", "projector.")
 
     def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0,
-             checkpoint: str = "") -> "LoadedPipeline":  # noqa: F821
+             checkpoint: str = ""):
         from diffusers import WanTransformer3DModel
 
         state = read_checkpoint(checkpoint)
@@ -309,38 +277,10 @@ class RecamAdapter(WanAdapter):
         torch.save(out, os.path.join(out_dir, EXPORT_CHECKPOINT))
 
 
-def merged_state(unet: torch.nn.Module, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """A peft-LoRA model's state (diffusers-model names, `...base_layer.weight`, `...lora_A.<name>.weight`) -> plain
-    weights with every adapter merged: W + (alpha / r) B A, as peft's merge does for a Linear."""
-    model = inner_model(unet)
-    cfgs = getattr(model, "peft_config", {})
-    out = {}
-    for k, v in state.items():
-        if ".lora_" in k:
-            continue
-        out[k.replace(".base_layer.", ".")] = v
-    for k, a in state.items():
-        m = re.match(r"(.*)\.lora_A\.(?:(\w+)\.)?weight$", k)
-        if not m:
-            continue
-        base, name = m.group(1), m.group(2) or "default"
-        b = state[k.replace(".lora_A.", ".lora_B.")]
-        cfg = cfgs[name]
-        scale = cfg.lora_alpha / cfg.r
-        w = out[base + ".weight"]
-        out[base + ".weight"] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
-    return out
-
-
 ADAPTER = RecamAdapter()
 
 
 # ------------------------------------------------------------------------------------------------------ builds
-def original_state(transformer: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """A WanTransformer3DModel with camera layers -> its ReCamMaster checkpoint (original key names)."""
-    return {to_original_key(k): v.detach().clone() for k, v in transformer.state_dict().items()}
-
-
 def num_latent_frames(pipe) -> int:
     temporal, _ = _scales(pipe.vae.config)
     return (pipe.num_frames - 1) // temporal + 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
@@ -118,34 +117,15 @@ def model_family(config) -> str:
 
 
 def recam_checkpoint(config) -> str:
-    """pretrained.recam_checkpoint as a path: a file, or a file inside the model folder (a bundled model's own)."""
-    ckpt = str(config.pretrained.get("recam_checkpoint", "") or "")
-    if ckpt and not os.path.isfile(ckpt) and not os.path.isabs(ckpt):
-        from ddpo_grpo.models import ModelPathError, resolve_model_path
+    from ddpo_grpo.models.recam import checkpoint_path
 
-        try:
-            inside = os.path.join(resolve_model_path(config.pretrained.model), ckpt)
-        except ModelPathError:
-            return ckpt
-        return inside if os.path.isfile(inside) else ckpt
-    return ckpt
+    return checkpoint_path(config)
 
 
 def check_recam_checkpoint(config) -> None:
-    """A ReCamMaster checkpoint that cannot be read, has no camera layers or does not fit the Wan folder's
-    transformer is one ConfigError line here, before anything heavy loads."""
-    ckpt = recam_checkpoint(config)
-    if not ckpt:
-        return
-    from diffusers import WanTransformer3DModel
+    from ddpo_grpo.models.recam import check_config
 
-    from ddpo_grpo.models import model_adapter, resolve_model_path
-    from ddpo_grpo.models.recam import RecamAdapter, read_checkpoint
-
-    model_adapter(config.pretrained.model, ckpt)  # a Wan folder, or one line
-    cfg = WanTransformer3DModel.load_config(resolve_model_path(config.pretrained.model), subfolder="transformer",
-                                            local_files_only=True)
-    RecamAdapter.check_checkpoint(read_checkpoint(ckpt), cfg, ckpt)
+    check_config(config)
 
 
 def check_resolution(config) -> None:
@@ -184,7 +164,7 @@ def validate_config(config, num_processes: int) -> str:
     s, t = config.sample, config.train
     family = model_family(config)
     check_resolution(config)
-    check_recam_checkpoint(config)
+    check_recam_checkpoint(config)  # models.recam: readable, camera layers, fits the folder
     get_family(family).check_sample_config(s)  # eta > 0 (DDIM), noise_level > 0 (flow), windows for flow only
     if s.sde_type not in SDE_TYPES:
         raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
