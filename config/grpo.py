@@ -272,40 +272,54 @@ def recam():
     return config
 
 
-def recam_video_tiny():
-    """recam on this CPU: the bundled ReCamMaster-architecture model `tiny-recam-video` (diffusers' Wan classes + the
-    camera layers, pretrained on the video camera world by scripts/pretrain_recam_video.py) with its own
-    recammaster.ckpt, 9 frames of 32x32 px, cam_score only; trained on all 512 training conditions (8 new ones per
-    epoch, k = 16) and evaluated on the 64 held-out ones x 4 seeds (256 deterministic samples). The recipe that raised
-    recam_image_tiny: one optimizer step per epoch on all 128 samples, shared x_T per group, lr warmup. docs/recam.md."""
-    config = recam()
-    config.pretrained.model = "tiny-recam-video"
-    config.pretrained.recam_checkpoint = "recammaster.ckpt"  # inside the model folder
-    config.pretrained.resolution = 32
-    config.pretrained.num_frames = 9
+def _recam_on_cpu(config):
+    """What the CPU recam recipes share: 40 epochs of 128 samples (8 conditions x k = 16, one x_T per group), 10 steps,
+    one optimizer step per epoch on all of them, cam_score only, lr warmup, evals every 10 epochs."""
     config.mixed_precision = "no"
     config.gradient_checkpointing = False
     config.num_epochs = 40
     config.save_freq = 10
     config.eval_freq = 10
-    config.data.num_conditions = 0  # all 512 training conditions
-    config.eval.split = "eval"  # held-out
-    config.eval.num_samples = 256  # 64 held-out conditions x 4 seeds
     config.sample.guidance_scale = 1.0
     config.sample.batch_size = 8
     config.sample.num_batches_per_epoch = 16
-    config.sample.k = 16
+    config.sample.k = 16  # 128 samples per epoch = 8 conditions x 16 copies (per process)
     config.sample.num_steps = 10
-    config.sample.shared_init_noise = True
+    config.sample.shared_init_noise = True  # the k copies start from one x_T: the spread is the policy's own
     config.train.batch_size = 8
     config.train.gradient_accumulation_steps = 16
-    config.train.min_step_std = 0.0
-    config.train.learning_rate = 1e-4
     config.train.clip_range = 1e-2
     config.train.beta = 0.004
-    config.train.lr_warmup_steps = 3
+    config.train.lr_warmup_steps = 3  # without warmup one step at lr 3e-5 cut cam_score from 0.42 to 0.27 (docs)
     config.reward.fns = {"cam_score": 1.0}
     config.reward.kwargs = {}
+    return config
+
+
+def recam_video_tiny():
+    """recam on this CPU: the bundled ReCamMaster-architecture model `tiny-recam-video` (diffusers' Wan classes + the
+    camera layers, pretrained on the video camera world by scripts/pretrain_recam_video.py) with its own
+    recammaster.ckpt, 9 frames of 32x32 px; trained on all 512 training conditions (8 new ones per epoch, k = 16) and
+    evaluated on the 64 held-out ones x 4 seeds (256 deterministic samples). The update is DiffusionNFT's with GRPO's
+    group advantages (the demo's: re-noised at u >= 0.6, soft-updated sampling policy, 4 optimizer steps per epoch):
+    the clipped-ratio GRPO loss at the same budget did not raise held-out cam_score here (docs/recam.md)."""
+    config = _recam_on_cpu(recam())
+    config.pretrained.model = "tiny-recam-video"
+    config.pretrained.recam_checkpoint = "recammaster.ckpt"  # inside the model folder
+    config.pretrained.resolution = 32
+    config.pretrained.num_frames = 9
+    config.data.num_conditions = 0  # all 512 training conditions
+    config.eval.split = "eval"  # held-out
+    config.eval.num_samples = 256  # 64 held-out conditions x 4 seeds
+    config.reward.per_step = "none"
+    config.train.objective = "nft"
+    config.train.learning_rate = 3e-4
+    config.train.forward_noise_min = 0.6
+    config.train.timestep_fraction = 0.5
+    config.train.nft_old_decay = 0.5
+    config.train.gradient_accumulation_steps = 4
+    config.train.beta = 0.0
+    config.train.min_step_std = 0.0
     return config
 
 
@@ -333,34 +347,18 @@ def recam_image():
 
 
 def recam_image_tiny():
-    """The recam recipe on the bundled tiny camera model, on this CPU: cam_score only, per-step rewards, EMA
-    reference; conditions are dataset indices (source view + camera motion). Measured in the README: eval
-    cam_score 0.438 -> 0.513 over 40 epochs (seed 42; 16 min on one core), and a rise for each of 4 seeds."""
-    config = recam_image()
-    config.mixed_precision = "no"
-    config.num_epochs = 40
-    config.save_freq = 10
-    config.eval_freq = 10
-    config.data.num_conditions = 8  # a recurring set, reported on itself (DDPO's way): see the README for why
+    """The recam recipe on the bundled tiny 2-D camera model, on this CPU: cam_score only, per-step rewards, EMA
+    reference; conditions are dataset indices (source view + camera motion). Measured: eval cam_score 0.438 -> 0.513
+    over 40 epochs (seed 42; 16 min on one core), and a rise for each of 4 seeds (docs/recam.md)."""
+    config = _recam_on_cpu(recam_image())
+    config.data.num_conditions = 8  # a recurring set, reported on itself (DDPO's way): see docs/recam.md for why
     config.eval.split = "train"
     config.eval.num_samples = 64  # 8 per condition
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 16
-    config.sample.k = 16  # 128 samples per epoch = 8 conditions x 16 copies (per process)
-    config.sample.num_steps = 10
-    config.sample.shared_init_noise = True  # the k copies start from one x_T: the spread is the policy's own
-    config.train.batch_size = 8
     # One optimizer step per epoch on all 128 samples, on the 2 noisiest steps (std 0.83, 0.69 of 10) only: the
     # first two steps make most of a group's cam_score spread, and every other trained step, or smaller
-    # batches per step, added gradient noise that moved the model faster than the signal did (README).
-    config.train.gradient_accumulation_steps = 16
+    # batches per step, added gradient noise that moved the model faster than the signal did (docs/recam.md).
     config.train.min_step_std = 0.65
     config.train.learning_rate = 3e-5
-    config.train.clip_range = 1e-2
-    config.train.beta = 0.004
-    config.train.lr_warmup_steps = 3  # without warmup one step at lr 3e-5 cut cam_score from 0.42 to 0.27 (README)
-    config.reward.fns = {"cam_score": 1.0}
-    config.reward.kwargs = {}
     return config
 
 
