@@ -74,7 +74,7 @@ def tiny_hack():
     config.reward.gold = {"toyworld": 1.0}
     config.reward.gold_train_samples = 16
     config.train.hacking_guard = "warn"
-    config.num_epochs = 36
+    config.num_epochs = 72  # gold peaks at epochs 15-24 and falls by 72 (docs/hacking.md: seeds 42 / 1 / 2)
     config.eval_freq = 3
     config.save_freq = 3
     config.eval.num_samples = 64  # 32 held-out conditions x 2
