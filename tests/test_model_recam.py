@@ -331,6 +331,8 @@ RUN = ["--config.num_epochs=2", "--config.save_freq=0", "--config.eval_freq=0", 
        "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
        "--config.sample.num_steps=3", "--config.sample.guidance_scale=2.0", "--config.train.learning_rate=3e-3",
        "--config.train.clip_range=1.0", "--config.data.num_conditions=4", "--config.train.lr_warmup_steps=0",
+       # the clipped-ratio GRPO loss (recam's; recam_video_tiny trains by NFT), whose on-policy ratio is checked
+       "--config.train.objective=grpo", "--config.train.nft_old_decay=0.0", "--config.reward.per_step=broadcast",
        # a reward with spread on a random model (cam_score is 0 on noise): JPEG size of every frame
        "--config.reward.fns={'jpeg_compressibility': 1.0, 'cam_score': 0.0}"]
 RECAM_MODES = {"full": ["--config.use_lora=False"], "lora": ["--config.use_lora=True", "--config.lora_rank=4"]}

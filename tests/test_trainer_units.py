@@ -379,7 +379,7 @@ def test_too_few_conditions_for_the_geometry_fails_in_validation():
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_colour", "tiny_colour_nft", "tiny_colour_grpo", "ddpo", "tiny_per_step",
-                                  "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_image_tiny", "recam", "recam_video_tiny",
+                                  "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_image_tiny", "recam", "recam_video_tiny", "tiny_hack",
                                   "tiny_colour_branch", "tiny_branch"])
 def test_named_configs_validate(name):
     from ddpo_grpo.trainer.build import validate_config
