@@ -42,7 +42,7 @@ from ddpo_grpo.errors import ConfigError
 from .base import DenoiserOutput, PackedDenoiser, component_dtype, default_dtype
 from .recam_checkpoint import (  # noqa: F401  (the checkpoint format's names, importable from here too)
     camera_keys, merged_state, original_state, read_checkpoint, to_diffusers_key, to_original_key)
-from .wan import WanAdapter, _scales
+from .wan import WanAdapter
 
 CAMERA_DIM = 12  # per latent frame: the row-major top 3x4 of the target pose relative to the first frame
 EXPORT_CHECKPOINT = "recammaster.ckpt"  # in an export folder: the DiT as a ReCamMaster checkpoint
@@ -229,6 +229,7 @@ class RecamAdapter(WanAdapter):
         from ddpo_grpo.core.pipeline_with_logprob import encode_frames
 
         C, F, h, w = self.sample_shape(pipe)
+        vae_device = next(pipe.vae.parameters()).device
         out = []
         for it in items:
             if "source_video" not in it or "cameras" not in it:
@@ -242,7 +243,6 @@ class RecamAdapter(WanAdapter):
             if tuple(cams.shape) != (F, CAMERA_DIM):
                 raise ConfigError(f"condition {it.get('index')}: cameras {tuple(cams.shape)}; the model samples {F} latent "
                                   f"frames, so it needs ({F}, {CAMERA_DIM})")
-            vae_device = next(pipe.vae.parameters()).device
             z = encode_frames(pipe.vae, src[None].to(vae_device)).float()
             out.append(torch.cat([z, camera_planes(cams[None].to(z.device), h, w)], dim=1))
         return torch.cat(out).to(device)
@@ -281,11 +281,6 @@ ADAPTER = RecamAdapter()
 
 
 # ------------------------------------------------------------------------------------------------------ builds
-def num_latent_frames(pipe) -> int:
-    temporal, _ = _scales(pipe.vae.config)
-    return (pipe.num_frames - 1) // temporal + 1
-
-
 TINY_CAMERA_SEED = 1
 
 

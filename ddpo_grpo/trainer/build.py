@@ -75,8 +75,6 @@ class RunContext:
         """The items' conditioning channels (ModelAdapter.condition_channels: (B, C', ...) or None), computed once
         per condition index (a source clip is VAE-encoded once, not k times) and kept on the host."""
         adapter, device = self.pipe.adapter, self.accelerator.device
-        if not items or "cond_image" in items[0]:  # ready-made tensors (the recam image world): nothing to cache
-            return adapter.condition_channels(self.pipe, items, device) if items else None
         have: Dict[int, torch.Tensor] = {}
         for it in items:
             i = int(it["index"])
@@ -116,18 +114,6 @@ def model_family(config) -> str:
     return scheduler_family(path)
 
 
-def recam_checkpoint(config) -> str:
-    from ddpo_grpo.models.recam import checkpoint_path
-
-    return checkpoint_path(config)
-
-
-def check_recam_checkpoint(config) -> None:
-    from ddpo_grpo.models.recam import check_config
-
-    check_config(config)
-
-
 def check_resolution(config) -> None:
     """pretrained.resolution sizes models built from configs (sd15-random); a loaded checkpoint has its own size."""
     from ddpo_grpo.models import BUILT
@@ -164,7 +150,9 @@ def validate_config(config, num_processes: int) -> str:
     s, t = config.sample, config.train
     family = model_family(config)
     check_resolution(config)
-    check_recam_checkpoint(config)  # models.recam: readable, camera layers, fits the folder
+    from ddpo_grpo.models.recam import check_config as check_recam
+
+    check_recam(config)  # pretrained.recam_checkpoint: readable, camera layers, fits the folder
     get_family(family).check_sample_config(s)  # eta > 0 (DDIM), noise_level > 0 (flow), windows for flow only
     if s.sde_type not in SDE_TYPES:
         raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
@@ -323,12 +311,13 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from .supervised import SupervisedLoss
 
     from ddpo_grpo.models.base import run_dtype
+    from ddpo_grpo.models.recam import checkpoint_path as recam_checkpoint_path
 
     # Load dtype: the run's compute dtype; folders and built models alike load frozen encoders in it and the denoiser
     # in float32 (models.base.component_dtype).
     dtype = run_dtype(accelerator.mixed_precision)
     pipe = load_pipeline(config.pretrained.model, torch_dtype=dtype, device=accelerator.device,
-                         resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint(config))
+                         resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint_path(config))
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
     unet = pipe.unet
     optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules, pipe.adapter.full_trainable)
