@@ -192,19 +192,22 @@ def test_fsdp2_blocks_hold_the_camera_layers(pipe):
             assert name.startswith("blocks."), name  # sharded with the block that uses them
 
 
-@pytest.mark.parametrize("case", ["plain_wan", "wrong_camera_dim", "damaged", "code_pickle", "wrong_width", "missing"])
-def test_bad_checkpoint_is_one_line(wan_folder, tmp_path, case):
+@pytest.mark.parametrize("lazy", [False, True], ids=["load", "check"])
+@pytest.mark.parametrize("case", ["plain_wan", "wrong_camera_dim", "damaged", "damaged_safetensors", "code_pickle",
+                                  "wrong_width", "missing"])
+def test_bad_checkpoint_is_one_line(wan_folder, tmp_path, case, lazy):
+    """Each bad file is one line both when validate_config checks it (lazy: header / memory map only) and at load."""
     from ddpo_grpo.models.recam import RecamAdapter, read_checkpoint
     from diffusers import WanTransformer3DModel
 
-    path = str(tmp_path / "bad.ckpt")
+    path = str(tmp_path / ("bad.safetensors" if case == "damaged_safetensors" else "bad.ckpt"))
     if case == "plain_wan":
         write_recam_checkpoint(wan_folder, path, drop_camera=True)
         want = "no camera layers"
     elif case == "wrong_camera_dim":
         write_recam_checkpoint(wan_folder, path, cam_dim=16)
         want = "camera numbers per frame"
-    elif case == "damaged":
+    elif case in ("damaged", "damaged_safetensors"):
         write_recam_checkpoint(wan_folder, path)
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 2)
@@ -227,9 +230,27 @@ def test_bad_checkpoint_is_one_line(wan_folder, tmp_path, case):
         want = "is not a file"
     cfg = WanTransformer3DModel.load_config(wan_folder, subfolder="transformer")
     with pytest.raises(ConfigError) as e:
-        RecamAdapter.check_checkpoint(read_checkpoint(path), cfg, path)
+        RecamAdapter.check_checkpoint(read_checkpoint(path, lazy=lazy), cfg, path)
     msg = str(e.value)
     assert want in msg and "\n" not in msg and path in msg
+
+
+@pytest.mark.parametrize("suffix", [".ckpt", ".safetensors"])
+def test_lazy_read_sees_every_key_shape_and_dtype(wan_folder, tmp_path, suffix):
+    """validate_config's check reads the header (safetensors) or maps the file (pickle): the same keys, shapes and
+    dtypes as reading it whole, and a safetensors file's data is not read at all (meta tensors)."""
+    from ddpo_grpo.models.recam import read_checkpoint
+
+    path = str(tmp_path / f"ok{suffix}")
+    write_recam_checkpoint(wan_folder, path)
+    full, lazy = read_checkpoint(path), read_checkpoint(path, lazy=True)
+    assert set(lazy) == set(full)
+    for k, v in full.items():
+        assert lazy[k].shape == v.shape and lazy[k].dtype == v.dtype, k
+    if suffix == ".safetensors":
+        assert all(t.is_meta for t in lazy.values())
+    else:
+        assert all(torch.equal(lazy[k], full[k]) for k in full)
 
 
 def test_train_refuses_a_bad_checkpoint_with_exit_2(wan_folder, tmp_path):

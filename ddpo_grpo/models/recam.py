@@ -76,7 +76,7 @@ def check_config(config) -> None:
     model_adapter(config.pretrained.model, ckpt)  # a Wan folder, or one line
     cfg = WanTransformer3DModel.load_config(resolve_model_path(config.pretrained.model), subfolder="transformer",
                                             local_files_only=True)
-    RecamAdapter.check_checkpoint(read_checkpoint(ckpt), cfg, ckpt)
+    RecamAdapter.check_checkpoint(read_checkpoint(ckpt, lazy=True), cfg, ckpt)
 
 
 # --------------------------------------------------------------------------------------------- the camera layers

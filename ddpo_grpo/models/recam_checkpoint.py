@@ -16,18 +16,34 @@ CAMERA_LAYERS = ("cam_encoder", "projector")
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 
 
-def read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
+def read_checkpoint(path: str, lazy: bool = False) -> Dict[str, torch.Tensor]:
     """The tensors of a ReCamMaster checkpoint file; ConfigError (one line naming the file) when it is missing,
-    damaged, not a flat dict of tensors, or a pickle that would run code (torch.load(weights_only=True) only)."""
+    damaged, not a flat dict of tensors, or a pickle that would run code (torch.load(weights_only=True) only).
+
+    lazy=True is for checking a file before anything heavy loads (a real checkpoint is 5.7 GB): a .safetensors file
+    gives meta tensors of the stored shapes and dtypes from its header (whose offsets are checked against the file's
+    size, so a truncated file is refused here), a pickle is memory-mapped (torch.load(mmap=True): its data is paged in
+    only where read; a legacy non-zip pickle cannot be mapped and is read whole)."""
     if not path or not os.path.isfile(path):
         raise ConfigError(f"pretrained.recam_checkpoint {path!r} is not a file")
     try:
         if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
+            if lazy:
+                state = _safetensors_meta(path)
+            else:
+                from safetensors.torch import load_file
 
-            state = load_file(path)
+                state = load_file(path)
         elif path.endswith(PICKLE_SUFFIXES):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = None
+            if lazy:
+                try:
+                    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError as e:
+                    if "mmap" not in str(e) and "zip" not in str(e):
+                        raise
+            if state is None:
+                state = torch.load(path, map_location="cpu", weights_only=True)
         else:
             raise ConfigError(f"pretrained.recam_checkpoint {path!r}: expected .safetensors or one of "
                               f"{', '.join(PICKLE_SUFFIXES)}")
@@ -41,6 +57,31 @@ def read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"pretrained.recam_checkpoint {path!r} is not a state dict of tensors")
     return state
+
+
+# The safetensors format's dtype names (its specification); an unknown one is a KeyError -> "cannot be read".
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def _safetensors_meta(path: str) -> Dict[str, torch.Tensor]:
+    """Meta tensors (shape, dtype) of a .safetensors file read from its header alone: 8 bytes of header length, the
+    JSON header, then the data, whose extent the header's offsets must match exactly (ValueError otherwise)."""
+    import json
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:
+            raise ValueError(f"header length {n} beyond the file's {size} bytes")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    end = max((int(h["data_offsets"][1]) for h in header.values()), default=0)
+    if 8 + n + end != size:
+        raise ValueError(f"truncated or padded: the header describes {8 + n + end} bytes, the file has {size}")
+    return {k: torch.empty(h["shape"], dtype=SAFETENSORS_DTYPES[h["dtype"]], device="meta") for k, h in header.items()}
 
 
 def camera_keys(num_layers: int) -> List[str]:
