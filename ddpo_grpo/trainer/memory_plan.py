@@ -48,6 +48,7 @@ class ModelCounts:
     num_prompts: int  # embeddings cached over a run: training + eval conditions + the negative prompt
     act_bytes: int  # fp32 bytes saved for backward by one training row (one sample at one timestep)
     act_bytes_ckpt: int  # the same with gradient checkpointing: block inputs + the largest block's recompute
+    sample_shape: Tuple[int, ...] = ()  # the denoised sample's (C, [F,] H, W), for the reader
 
 
 @dataclass
@@ -127,14 +128,14 @@ def fits(nbytes: float, capacity_gib: float) -> bool:
 SWITCHES = ("offload", "cache_embeddings", "gradient_checkpointing", "fsdp2", "use_lora")
 
 
-def fit(c: ModelCounts, s: Settings, e: Engine, capacity_gib: float, max_world: int = 64):
+def fit(c: ModelCounts, s: Settings, e: Engine, capacity_gib: float, max_world: int = 64, switches=SWITCHES):
     """The fewest switches (then the earliest in SWITCHES, then the largest train.batch_size) that make the plan fit:
     (names, settings, engine, bytes), or None. FSDP2 shards over the launch's processes; where nothing fits there,
     over the fewest of 2, 4, ... max_world processes that make it fit (a launch with more devices)."""
     worlds = [e.world] + [n for n in (2 ** i for i in range(1, 7)) if e.world < n <= max_world]
     for world in worlds:
         best = None
-        avail = [k for k in SWITCHES if not (getattr(s, k, False) or (k == "fsdp2" and (e.kind != "ddp" or world < 2)))]
+        avail = [k for k in switches if not (getattr(s, k, False) or (k == "fsdp2" and (e.kind != "ddp" or world < 2)))]
         for r in range(len(avail) + 1):
             for combo in itertools.combinations(avail, r):
                 s2 = replace(s, **{k: True for k in combo if k != "fsdp2"})
@@ -149,7 +150,8 @@ def fit(c: ModelCounts, s: Settings, e: Engine, capacity_gib: float, max_world: 
                         if world != e.world and "fsdp2" not in combo:
                             names.insert(0, f"{e.kind} over {world}")
                         cand = (names, replace(s2, train_batch_size=b), e2, nbytes)
-                        key = (len(names), [SWITCHES.index(k) for k in combo], -b)
+                        # fewest changes; a memory switch before a smaller batch; then SWITCHES' order
+                        key = (len(names), b != s.train_batch_size, [SWITCHES.index(k) for k in combo], -b)
                         if best is None or key < best[0]:
                             best = (key, cand)
                         break

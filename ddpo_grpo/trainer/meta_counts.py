@@ -115,10 +115,13 @@ class SavedBytes:
         self._stack = []
 
     def _add(self, t: torch.Tensor) -> None:
-        if isinstance(t, torch.nn.Parameter) or id(t) in self.seen:
+        if isinstance(t, torch.nn.Parameter):
             return
-        self.seen[id(t)] = t  # kept alive so that an id is never reused within the count
-        n = t.numel() * t.element_size()
+        base = t if t._base is None else t._base  # a view holds its base's memory: count each base once
+        if id(base) in self.seen or isinstance(base, torch.nn.Parameter):
+            return
+        self.seen[id(base)] = base  # kept alive so that an id is never reused within the count
+        n = base.numel() * base.element_size()
         if self._stack:
             self._stack[-1] += n
         else:
@@ -212,5 +215,5 @@ def count_model(config, pipe=None) -> ModelCounts:
     lora = lora_count(pipe, config)
     return ModelCounts(denoiser=n_denoiser, lora=lora, full_trainable=full, text_encoders=encoders,
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
-                       act_bytes=act, act_bytes_ckpt=act_ckpt)
+                       act_bytes=act, act_bytes_ckpt=act_ckpt, sample_shape=tuple(pipe.sample_shape))
 
