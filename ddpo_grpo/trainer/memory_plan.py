@@ -156,8 +156,8 @@ def fit(c: ModelCounts, s: Settings, e: Engine, capacity_gib: float, max_world: 
                             best = (key, cand)
                         break
                     b //= 2
-            if best is not None:
-                return best[1]
+        if best is not None:
+            return best[1]
     return None
 
 
