@@ -238,6 +238,8 @@ def test_meta_counts_are_the_real_modules_counts():
     make_trainable(pipe.unet, cfg, pipe.adapter.lora_target_modules)
     assert got.lora == sum(p.numel() for p in pipe.unet.parameters() if p.requires_grad) > 0
     assert 0 < got.act_bytes_ckpt < got.act_bytes
+    lean = count_model(grpo.get_config("tiny"), only_configured=True)  # a run without a verdict: no LoRA, no ckpt
+    assert (lean.lora, lean.act_bytes_ckpt, lean.act_bytes, lean.denoiser) == (None, None, got.act_bytes, n)
 
 
 # ---------------------------------------------------------------------------------------------- the dry run

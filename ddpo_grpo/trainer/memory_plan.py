@@ -39,15 +39,16 @@ class ModelCounts:
     """Parameter and activation counts of one model at one config's shapes (count_model builds it)."""
 
     denoiser: int  # parameters of the denoiser
-    lora: int  # LoRA parameters at the config's rank on the adapter's target modules
+    lora: Optional[int]  # LoRA parameters at the config's rank on the adapter's target modules
     full_trainable: int  # parameters a full fine-tune trains (the whole denoiser unless the adapter names a part)
     text_encoders: Dict[str, int]  # frozen, in the run's dtype
     vae: int
     vae_bytes: Dict[str, int]  # run precision -> bytes per VAE parameter (models.base.component_dtype's rule)
     condition_elems: int  # one prompt's embedding, L x D (+ pooled vectors)
     num_prompts: int  # embeddings cached over a run: training + eval conditions + the negative prompt
-    act_bytes: int  # fp32 bytes saved for backward by one training row (one sample at one timestep)
-    act_bytes_ckpt: int  # the same with gradient checkpointing: block inputs + the largest block's recompute
+    act_bytes: Optional[int]  # fp32 bytes saved for backward by one training row (one sample at one timestep)
+    act_bytes_ckpt: Optional[int]  # the same with gradient checkpointing: block inputs + the largest block's
+    # recompute (None: not counted, count_model's only_configured)
     sample_shape: Tuple[int, ...] = ()  # the denoised sample's (C, [F,] H, W), for the reader
 
 
@@ -257,10 +258,10 @@ def report(config, environ=None) -> List[str]:
 
     engine = launch_engine(environ)
     precision = precision_of(config, environ)
-    counts = count_model(config)
+    capacity = device_memory_gib(config)
+    counts = count_model(config, only_configured=capacity is None)  # no verdict: no search, count what it reads
     s = settings_of(config, precision)
     rows = plan(counts, s, engine)
-    capacity = device_memory_gib(config)
     lines = format_plan(rows, engine, precision)
     if capacity is not None:
         if fits(total(rows), capacity):

@@ -186,9 +186,10 @@ def lora_count(pipe, config) -> int:
     return _numel(denoiser) - before
 
 
-def count_model(config, pipe=None) -> ModelCounts:
+def count_model(config, pipe=None, only_configured: bool = False) -> ModelCounts:
     """ModelCounts of the config's model at its resolution / frames (meta device; module docstring); `pipe`: a meta
-    pipeline to count instead of the config's model (configured here)."""
+    pipeline to count instead of the config's model (configured here). only_configured: skip what the config's own
+    plan does not read (the other activation count, LoRA when it trains fully: None), as a run without a verdict."""
     from ddpo_grpo.models.base import component_dtype
 
     from .data import build_dataset
@@ -211,8 +212,10 @@ def count_model(config, pipe=None) -> ModelCounts:
     L, D = condition_shape(pipe)
     prompts = 1 + sum(len(build_dataset(config, split)) for split in ("train", "eval"))
     inputs = denoiser_inputs(pipe)
-    act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt) for ckpt in (False, True))
-    lora = lora_count(pipe, config)
+    act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt)
+                     if not only_configured or ckpt == bool(config.gradient_checkpointing) else None
+                     for ckpt in (False, True))
+    lora = lora_count(pipe, config) if config.use_lora or not only_configured else None
     return ModelCounts(denoiser=n_denoiser, lora=lora, full_trainable=full, text_encoders=encoders,
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
                        act_bytes=act, act_bytes_ckpt=act_ckpt, sample_shape=tuple(pipe.sample_shape))
