@@ -259,3 +259,22 @@ def test_dry_run_prints_the_plan_for_the_launched_engine():
     assert total == f"total per device: {expected:.2f} GiB"
     verdict = lines[lines.index(total) + 1]
     assert verdict.startswith("does not fit 0.0 GiB per device; ")
+
+
+def test_meta_counts_of_a_recam_folder_with_its_checkpoint():
+    """tiny-recam-video (a Wan folder + recammaster.ckpt): the camera layers counted without reading the checkpoint,
+    equal to the real loaded model's, and a full fine-tune's trainable part is ReCamMaster's (adapter.full_trainable)."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+    from ddpo_grpo.models.recam import checkpoint_path
+
+    cfg = grpo.get_config("recam_video_tiny")
+    got = count_model(cfg, only_configured=True)
+    pipe = load_pipeline(cfg.pretrained.model, torch.float32, "cpu", int(cfg.pretrained.resolution),
+                         recam_checkpoint=checkpoint_path(cfg))
+    pipe.adapter.configure(pipe, cfg)  # the config's frames, as a run configures it
+    named = list(inner_model(pipe.unet).named_parameters())
+    frags = pipe.adapter.full_trainable
+    assert got.denoiser == sum(p.numel() for _, p in named)
+    assert got.full_trainable == sum(p.numel() for k, p in named if any(f in k for f in frags)) < got.denoiser
+    assert got.sample_shape == tuple(pipe.sample_shape) and got.act_bytes > 0

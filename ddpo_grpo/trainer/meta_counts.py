@@ -76,10 +76,15 @@ def meta_pipeline(config):
     if model in BUILT:
         pipe = load_pipeline(model, torch.float32, "meta", res)
     else:
-        from ddpo_grpo.models.recam import checkpoint_path
+        from ddpo_grpo.models import recam
 
         with meta_loading():
-            pipe = load_pipeline(model, torch.float32, "meta", res, recam_checkpoint=checkpoint_path(config))
+            pipe = load_pipeline(model, torch.float32, "meta", res)
+        if recam.checkpoint_path(config):
+            # ReCamMaster over the Wan folder: its camera layers on the folder's transformer, as RecamAdapter.load
+            # builds it, without reading the checkpoint's weights (validate_config has checked that they fit)
+            pipe.unet = recam.RecamDenoiser(recam.add_camera_layers(pipe.components["transformer"]))
+            pipe.adapter = recam.ADAPTER
     pipe.adapter.configure(pipe, config)  # FLUX-dev's embedded guidance, Wan's frames
     return pipe
 
