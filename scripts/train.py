@@ -60,7 +60,7 @@ def run(config):
     run_dir = os.path.join(config.logdir, config.run_name) if config.run_name else (run_folder_of(ckpt) if ckpt else "")
     run_dir = run_dir or os.path.join(config.logdir, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     name = os.path.basename(run_dir)
-    print_plan(config)  # per device, in GiB, for this launch's engine: what fits, and the switches that would
+    print_plan(config)  # memory per device for this launch's engine, and what would make it fit (memory_plan.py)
     if config.dry_run:
         print(f"config OK: {num_processes} processes x {config.sample.batch_size} x {config.sample.num_batches_per_epoch}"
               f" = {num_processes * config.sample.batch_size * config.sample.num_batches_per_epoch} samples/epoch, "

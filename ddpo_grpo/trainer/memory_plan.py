@@ -242,7 +242,7 @@ def device_memory_gib(config) -> Optional[float]:
     return None
 
 
-def format_plan(rows, engine: Engine, precision: str, capacity: Optional[float] = None) -> List[str]:
+def format_plan(rows, engine: Engine, precision: str) -> List[str]:
     how = {"ddp": "DDP (replicated)", "fsdp2": "FSDP2 full shard", "zero1": "DeepSpeed ZeRO-1",
            "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}[engine.kind]
     out = [f"memory plan per device: {how} over {engine.world} process(es), precision {precision}"]
