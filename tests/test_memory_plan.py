@@ -278,3 +278,22 @@ def test_meta_counts_of_a_recam_folder_with_its_checkpoint():
     assert got.denoiser == sum(p.numel() for _, p in named)
     assert got.full_trainable == sum(p.numel() for k, p in named if any(f in k for f in frags)) < got.denoiser
     assert got.sample_shape == tuple(pipe.sample_shape) and got.act_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["sdxl_tiny", "sd3_tiny", "flux_tiny", "wan_tiny", "recam_image_tiny"])
+def test_meta_counts_of_each_family_are_its_real_modules(name):
+    """A folder of each architecture counted from its config files on the meta device (meta_loading through the
+    adapter's own load) against the real loaded components, and its training forward counted at its shapes."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+
+    cfg = grpo.get_config(name)
+    got = count_model(cfg, only_configured=True)
+    pipe = load_pipeline(cfg.pretrained.model, torch.float32, "cpu", int(cfg.pretrained.resolution))
+    pipe.adapter.configure(pipe, cfg)
+    numel = lambda m: sum(p.numel() for p in m.parameters()) if m is not None else 0  # noqa: E731
+    encoders = {k: numel(m) for k, m in pipe.components.items() if k.startswith("text_encoder") and m is not None}
+    assert got.denoiser == numel(inner_model(pipe.unet)) and got.vae == numel(pipe.vae)
+    assert got.text_encoders == (encoders or ({"text_encoder": numel(pipe.text_encoder)} if pipe.text_encoder else {}))
+    assert got.sample_shape == tuple(pipe.sample_shape)
+    assert (got.act_bytes_ckpt if cfg.gradient_checkpointing else got.act_bytes) > 0

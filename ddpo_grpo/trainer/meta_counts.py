@@ -34,7 +34,11 @@ def condition_shape(pipe) -> tuple:
 def denoiser_inputs(pipe, rows: int = 1) -> tuple:
     """Meta tensors of one denoiser call: x (rows, *sample_shape), t (rows,) and the condition (rows, L, D)."""
     C, *rest = pipe.sample_shape  # plus the conditioning channels the denoiser takes (ReCamMaster: source, camera)
-    x = torch.zeros(rows, C + pipe.adapter.condition_channel_count(pipe), *rest, device="meta")
+    extra = pipe.adapter.condition_channel_count(pipe)
+    cfg = inner_model(pipe.unet).config
+    if not extra and cfg.get("out_channels") and cfg.get("in_channels", 0) > cfg["out_channels"]:
+        extra = cfg["in_channels"] - cfg["out_channels"]  # channels that come with the data (recam image world)
+    x = torch.zeros(rows, C + extra, *rest, device="meta")
     cond = torch.zeros(rows, *condition_shape(pipe), device="meta")
     return x, torch.full((rows,), 500.0, device="meta"), cond
 
