@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
     # models), "max-autotune". The first epoch pays the compile time.
     config.compile_unet = ""
     config.dry_run = False  # validate the config and batch geometry, print it, exit before loading models
+    # Memory per device in GiB for the memory plan's verdict (printed by every run and the dry run; trainer/
+    # memory_plan.py): 0 = the GPU's / NPU's own when there is one, else no verdict. An 80 GB H100 reports 79.2.
+    config.device_memory_gb = 0.0
 
     ###### Pretrained model ######
     config.pretrained = ml_collections.ConfigDict()

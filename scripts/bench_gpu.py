@@ -101,28 +101,6 @@ def point_config(args, model: str, B: int, cfg: bool, mode: str, overrides: dict
     return c
 
 
-def condition_shape(pipe) -> tuple:
-    """(L, D) of one prompt's condition as pipe.encode gives it. Wan's from its sizes (WanPipeline's 512 tokens x
-    UMT5's width): UMT5's padding mask reads a value, which a meta tensor has not."""
-    import torch
-
-    if pipe.adapter.name in ("wan", "recam"):
-        from ddpo_grpo.models.wan import MAX_SEQUENCE_LENGTH
-
-        return (MAX_SEQUENCE_LENGTH, int(pipe.text_encoder.config.d_model))
-    with torch.no_grad():
-        return tuple(pipe.encode([""]).shape[1:])
-
-
-def denoiser_inputs(pipe) -> tuple:
-    """Meta tensors of one denoiser call on one row: x (1, *sample_shape), t (1,) and the condition (1, L, D)."""
-    import torch
-
-    C, *rest = pipe.sample_shape  # plus the conditioning channels the denoiser takes (ReCamMaster: source, camera)
-    x = torch.zeros(1, C + pipe.adapter.condition_channel_count(pipe), *rest, device="meta")
-    return x, torch.full((1,), 500.0, device="meta"), torch.zeros(1, *condition_shape(pipe), device="meta")
-
-
 def count_flops(model: str, config, train: bool = True) -> dict:
     """FLOPs of one denoiser call on one row (denoiser_inputs): forward (sampling) and, with `train`, forward +
     backward (training: LoRA or full, as configured), counted by torch.utils.flop_counter on a meta-device build at
@@ -134,6 +112,7 @@ def count_flops(model: str, config, train: bool = True) -> dict:
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
     from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.meta_counts import denoiser_inputs
 
     pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
     pipe.adapter.configure(pipe, config)  # FLUX-dev's embedded guidance, Wan's frames

@@ -42,6 +42,7 @@ def run(config):
     from ddpo_grpo.trainer.checkpointing import (check_resume, export_run, load_checkpoint, run_folder_of,
                                                  save_checkpoint, wandb_run_id)
     from ddpo_grpo.trainer.hacking import train_gold
+    from ddpo_grpo.trainer.memory_plan import print_plan
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
     from ddpo_grpo.rewards import collect_rewards
     from ddpo_grpo.trainer.sampling import sample_epoch
@@ -59,6 +60,7 @@ def run(config):
     run_dir = os.path.join(config.logdir, config.run_name) if config.run_name else (run_folder_of(ckpt) if ckpt else "")
     run_dir = run_dir or os.path.join(config.logdir, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     name = os.path.basename(run_dir)
+    print_plan(config)  # memory per device for this launch's engine, and what would make it fit (memory_plan.py)
     if config.dry_run:
         print(f"config OK: {num_processes} processes x {config.sample.batch_size} x {config.sample.num_batches_per_epoch}"
               f" = {num_processes * config.sample.batch_size * config.sample.num_batches_per_epoch} samples/epoch, "

@@ -13,6 +13,7 @@ import torch
 
 from helpers import run_side_by_side
 
+from ddpo_grpo.trainer.meta_counts import denoiser_inputs
 from ddpo_grpo.models.sd3 import ADAPTER  # noqa: F401  (build_sd3_tiny's architecture, as models.model_adapter asks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,7 +125,7 @@ def test_flops_per_row_are_the_layers_and_the_attention_of_the_real_shapes(model
     assert counted["denoiser_params"] == params
     pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
     pipe.adapter.configure(pipe, config)
-    x, t, cond = bench_gpu.denoiser_inputs(pipe)
+    x, t, cond = denoiser_inputs(pipe)
     with torch.no_grad():
         layers = linear_conv_flops(pipe.unet, lambda: pipe.unet(x, t, encoder_hidden_states=cond))
     assert counted["flops_fwd_row"] == pytest.approx(layers + attn, rel=1e-9)

@@ -235,13 +235,24 @@ WAN21_1_3B_TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=12, atte
                               cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 WAN21_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
                  temperal_downsample=[False, True, True])  # latents_mean / latents_std: AutoencoderKLWan's defaults
+# Wan-AI/Wan2.1-T2V-14B-Diffusers's transformer config (the VAE and UMT5-XXL are the 1.3B's).
+WAN21_14B_TRANSFORMER = dict(WAN21_1_3B_TRANSFORMER, num_attention_heads=40, ffn_dim=13824, num_layers=40)
 UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
                 relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
                 pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=False)
 
 
+def build_wan21_14b_random(resolution: int = 0, num_frames: int = 0, torch_dtype: torch.dtype = torch.bfloat16,
+                           device="cuda", seed: int = 0, denoiser_dtype: torch.dtype = None) -> LoadedPipeline:
+    """build_wan21_1_3b_random with Wan 2.1 T2V 14B's transformer, for memory plans on "meta"
+    (benchmarks/memory_table.py); not a models.BUILT name."""
+    return build_wan21_1_3b_random(resolution, num_frames, torch_dtype, device, seed, denoiser_dtype,
+                                   transformer=WAN21_14B_TRANSFORMER, name="wan21-14b-random")
+
+
 def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtype: torch.dtype = torch.bfloat16,
-                            device="cuda", seed: int = 0, denoiser_dtype: torch.dtype = None) -> LoadedPipeline:
+                            device="cuda", seed: int = 0, denoiser_dtype: torch.dtype = None,
+                            transformer: dict = None, name: str = "wan21-1.3b-random") -> LoadedPipeline:
     """Wan 2.1 T2V 1.3B's shapes with seeded random weights, as a LoadedPipeline (flow family, shift 3), for speed and
     memory benchmarks: the 1.4 B-parameter WanTransformer3DModel, UMT5-XXL's encoder (5.7 B) and the Wan VAE. Every
     module is created on `device` directly in its dtype (text encoder: `torch_dtype`; transformer: `denoiser_dtype`
@@ -260,10 +271,10 @@ def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtyp
     with torch.random.fork_rng(devices=fork), device:
         torch.manual_seed(seed)
         with default_dtype(denoiser_dtype or torch_dtype):
-            parts = dict(transformer=WanTransformer3DModel(**WAN21_1_3B_TRANSFORMER))
+            parts = dict(transformer=WanTransformer3DModel(**(transformer or WAN21_1_3B_TRANSFORMER)))
         with default_dtype(component_dtype("text_encoder", torch_dtype)):
             parts.update(text_encoder=UMT5EncoderModel(UMT5Config(**UMT5_XXL)))
         with default_dtype(component_dtype("vae", torch_dtype, {"_class_name": "AutoencoderKLWan"})):
             parts.update(vae=AutoencoderKLWan(**WAN21_VAE))
     parts.update(tokenizer=tok, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0))
-    return ADAPTER.wrap(parts, "flow", "wan21-1.3b-random", resolution, num_frames)
+    return ADAPTER.wrap(parts, "flow", name, resolution, num_frames)

@@ -1,0 +1,288 @@
+"""The memory plan: what a run holds per device while it trains, in GiB, before anything loads.
+
+Two parts. `plan(counts, settings, engine)` is arithmetic only (tested against hand-computed numbers and against
+real modules' byte counts): parameters per component in the dtype each is held in, gradients, AdamW state, the
+reference, cached prompt embeddings and the activations of one training call, each divided the way the engine
+shards it. `count_model(config)` gets the counts from the real configs on the meta device (no weights: built models
+through their builders, folders through their config files) and the activations by running one training forward
+there and summing the bytes of the tensors autograd saves for backward (what "activations" are), with
+scaled_dot_product_attention counted as the fused kernels save it (q, k, v, out, logsumexp; the meta device would
+otherwise take the math path and its L x L matrix). `report(config)` does both for the launch environment
+accelerate sets (WORLD_SIZE, ACCELERATE_USE_FSDP + FSDP_VERSION, ACCELERATE_USE_DEEPSPEED + its ZeRO stage) and,
+where the device's memory is known, names the switches that would make an over-budget run fit, found by planning
+again with them.
+
+Dtypes (a LoRA run's frozen base in the run's dtype, LoRA tensors, gradients and Adam state in fp32; a full
+fine-tune's fp32 master weights; DeepSpeed's 2 + 2 + 12 bytes per parameter under mixed precision, the ZeRO paper's
+accounting) follow what the trainer holds; what the plan leaves out (the CUDA/CANN context, allocator
+fragmentation, sampling-phase peaks such as the VAE decode) is MARGIN of the device.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+GiB = float(2 ** 30)
+MARGIN = 0.10  # of the device's memory, not planned per tensor: context, fragmentation, phase peaks
+DTYPE_BYTES = {"no": 4, "bf16": 2, "fp16": 2}
+ADAM_STATES = 2  # AdamW: exp_avg and exp_avg_sq, fp32
+ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
+
+
+@dataclass
+class ModelCounts:
+    """Parameter and activation counts of one model at one config's shapes (count_model builds it)."""
+
+    denoiser: int  # parameters of the denoiser
+    lora: Optional[int]  # LoRA parameters at the config's rank on the adapter's target modules
+    full_trainable: int  # parameters a full fine-tune trains (the whole denoiser unless the adapter names a part)
+    text_encoders: Dict[str, int]  # frozen, in the run's dtype
+    vae: int
+    vae_bytes: Dict[str, int]  # run precision -> bytes per VAE parameter (models.base.component_dtype's rule)
+    condition_elems: int  # one prompt's embedding, L x D (+ pooled vectors)
+    num_prompts: int  # embeddings cached over a run: training + eval conditions + the negative prompt
+    act_bytes: Optional[int]  # fp32 bytes saved for backward by one training row (one sample at one timestep)
+    act_bytes_ckpt: Optional[int]  # the same with gradient checkpointing: block inputs + the largest block's
+    # recompute (None: not counted, count_model's only_configured)
+    sample_shape: Tuple[int, ...] = ()  # the denoised sample's (C, [F,] H, W), for the reader
+
+
+@dataclass
+class Settings:
+    precision: str = "no"  # "no" | "bf16" | "fp16"
+    use_lora: bool = False
+    gradient_checkpointing: bool = False
+    cache_embeddings: bool = False  # text encoders off the device while training
+    offload: bool = False  # VAE off the device while training
+    train_batch_size: int = 1
+    rows_per_sample: int = 1  # denoiser rows per sample in a training call: x2 CFG, x timesteps_per_call
+    reference_copies: int = 0  # EMA copies of the trainable parameters: KL reference (beta > 0), NFT's old policy
+
+
+@dataclass
+class Engine:
+    kind: str = "ddp"  # ENGINES
+    world: int = 1  # processes the state is sharded over (FSDP2 / ZeRO); DDP replicates
+
+
+def _shard(nbytes: float, divided: bool, engine: Engine) -> float:
+    return nbytes / engine.world if divided else nbytes
+
+
+def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
+    """Per-device bytes, as (label, bytes) rows whose sum is the total. Pure arithmetic (see the module docstring)."""
+    run = DTYPE_BYTES[s.precision]
+    mixed = s.precision != "no"
+    zero = int(e.kind[-1]) if e.kind.startswith("zero") else 0
+    params_split = e.kind == "fsdp2" or zero == 3
+    grads_split = e.kind == "fsdp2" or zero >= 2
+    optim_split = e.kind == "fsdp2" or zero >= 1
+    trainable = c.lora if s.use_lora else c.full_trainable
+    frozen = c.denoiser if s.use_lora else c.denoiser - c.full_trainable
+    deepspeed_mixed = zero and mixed  # DeepSpeed holds the model in the run dtype, fp32 masters in the optimizer
+    p_bytes = run if deepspeed_mixed else 4
+    base_bytes = run if (s.use_lora or deepspeed_mixed) else 4  # LoRA: frozen base in the run dtype
+    rows = [(f"denoiser frozen params ({_dt(base_bytes)})", _shard(frozen * base_bytes, params_split, e)),
+            (f"denoiser trainable params ({'LoRA' if s.use_lora else 'full'}, {_dt(p_bytes)})",
+             _shard(trainable * p_bytes, params_split, e)),
+            (f"gradients ({_dt(p_bytes)})", _shard(trainable * p_bytes, grads_split, e))]
+    if e.kind == "ddp" and e.world > 1:
+        rows.append(("DDP gradient buckets (fp32)", trainable * 4.0))  # reducer's flat copies of the gradients
+    optim = trainable * 4 * (ADAM_STATES + (1 if deepspeed_mixed else 0))
+    rows.append(("optimizer state (AdamW, fp32" + (" + master)" if deepspeed_mixed else ")"),
+                 _shard(optim, optim_split, e)))
+    if mixed and not s.use_lora and not zero and e.kind != "fsdp2":
+        # autocast's run-dtype casts of the fp32 weights, kept for backward (FSDP2 casts per block and frees them)
+        rows.append((f"autocast weight casts ({_dt(run)})", c.denoiser * float(run)))
+    rows.append(("reference (EMA copies, fp32)" if s.reference_copies else "reference (none)",
+                 _shard(s.reference_copies * trainable * 4.0, params_split, e)))
+    for name, n in c.text_encoders.items():
+        rows.append((f"{name} ({_dt(run)})" + (" off device: cached embeddings" if s.cache_embeddings else ""),
+                     0.0 if s.cache_embeddings else n * float(run)))
+    vae_b = c.vae_bytes.get(s.precision, run)
+    rows.append((f"vae ({_dt(vae_b)})" + (" offloaded" if s.offload else ""), 0.0 if s.offload else c.vae * float(vae_b)))
+    rows.append((f"cached embeddings ({c.num_prompts} prompts)", c.num_prompts * c.condition_elems * float(base_bytes)))
+    per_sample = (c.act_bytes_ckpt if s.gradient_checkpointing else c.act_bytes) * run / 4.0 * s.rows_per_sample
+    rows.append((f"activations {per_sample / GiB:.2f} GiB/sample x train.batch_size {s.train_batch_size}"
+                 + (" (grad. ckpt)" if s.gradient_checkpointing else ""), per_sample * s.train_batch_size))
+    return rows
+
+
+def total(rows: List[Tuple[str, float]]) -> float:
+    return sum(b for _, b in rows)
+
+
+def _dt(nbytes: int) -> str:
+    return {4: "fp32", 2: "bf16/fp16"}[nbytes]
+
+
+def fits(nbytes: float, capacity_gib: float) -> bool:
+    return nbytes <= capacity_gib * GiB * (1 - MARGIN)
+
+
+# Switches fit() tries, in the order a user would rather give them up (memory-only first, LoRA changes the method).
+SWITCHES = ("offload", "cache_embeddings", "gradient_checkpointing", "fsdp2", "use_lora")
+
+
+def fit(c: ModelCounts, s: Settings, e: Engine, capacity_gib: float, max_world: int = 64, switches=SWITCHES):
+    """The fewest switches (then the earliest in SWITCHES, then the largest train.batch_size) that make the plan fit:
+    (names, settings, engine, bytes), or None. FSDP2 shards over the launch's processes; where nothing fits there,
+    over the fewest of 2, 4, ... max_world processes that make it fit (a launch with more devices)."""
+    worlds = [e.world] + [n for n in (2 ** i for i in range(1, 7)) if e.world < n <= max_world]
+    for world in worlds:
+        best = None
+        avail = [k for k in switches if not (getattr(s, k, False) or (k == "fsdp2" and (e.kind != "ddp" or world < 2)))]
+        for r in range(len(avail) + 1):
+            for combo in itertools.combinations(avail, r):
+                s2 = replace(s, **{k: True for k in combo if k != "fsdp2"})
+                e2 = Engine("fsdp2", world) if "fsdp2" in combo else Engine(e.kind, world)
+                if world != e.world and "fsdp2" not in combo and e.kind == "ddp":
+                    continue  # more DDP replicas do not lower per-device memory
+                b = s.train_batch_size
+                while b >= 1:
+                    nbytes = total(plan(c, replace(s2, train_batch_size=b), e2))
+                    if fits(nbytes, capacity_gib):
+                        names = list(combo) + ([f"train.batch_size={b}"] if b != s.train_batch_size else [])
+                        if world != e.world and "fsdp2" not in combo:
+                            names.insert(0, f"{e.kind} over {world}")
+                        cand = (names, replace(s2, train_batch_size=b), e2, nbytes)
+                        # fewest changes; a memory switch before a smaller batch; then SWITCHES' order
+                        key = (len(names), b != s.train_batch_size, [SWITCHES.index(k) for k in combo], -b)
+                        if best is None or key < best[0]:
+                            best = (key, cand)
+                        break
+                    b //= 2
+        if best is not None:
+            return best[1]
+    return None
+
+
+def describe(names: List[str], engine: Engine) -> str:
+    words = {"offload": "pretrained.offload=True (VAE off the device)",
+             "cache_embeddings": "data.cache_embeddings=True (text encoders off the device)",
+             "gradient_checkpointing": "gradient_checkpointing=True", "use_lora": "use_lora=True",
+             "fsdp2": f"FSDP2 over {engine.world} (config/accelerate/fsdp2.yaml)"}
+    return ", ".join(words.get(n, n) for n in names)
+
+
+# ------------------------------------------------------------------------------------------- launch environment
+def launch_engine(environ=None) -> Engine:
+    """The engine and shard size of this launch, from the environment `accelerate launch` sets (scale.engine owns
+    which engine): FSDP full shard over WORLD_SIZE (or the hybrid config's dp_shard size), DeepSpeed ZeRO at
+    ACCELERATE_DEEPSPEED_ZERO_STAGE (accelerate's default 2), else DDP replicas."""
+    from .scale import engine as launched
+
+    env = os.environ if environ is None else environ
+    world = int(env.get("WORLD_SIZE") or 1)
+    with _environ(env):
+        kind = launched()
+    if kind == "deepspeed":
+        return Engine(f"zero{int(env.get('ACCELERATE_DEEPSPEED_ZERO_STAGE') or 2)}", world)
+    if kind in ("fsdp2", "fsdp1"):
+        if str(env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "")).lower() in ("1", "true", "yes"):
+            world = int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE") or world)
+        strategy = str(env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD")).upper()
+        if strategy in ("NO_SHARD", "3"):
+            return Engine("ddp", world)
+        return Engine("zero2" if strategy in ("SHARD_GRAD_OP", "2") else "fsdp2", world)
+    return Engine("ddp", world)
+
+
+@contextlib.contextmanager
+def _environ(env):
+    if env is os.environ:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update({k: str(v) for k, v in env.items()})
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def settings_of(config, precision: str) -> Settings:
+    """The plan's Settings for a config: rows per sample of a training call (CFG doubles them for the clipped-ratio
+    loss; timesteps_per_call stacks timesteps, the auto probe planned at 1), reference copies (beta > 0, NFT's old
+    policy), the memory switches of issue 38 (data.cache_embeddings, pretrained.offload) where the config has them."""
+    t = config.train
+    grpo = t.get("objective", "grpo") == "grpo"
+    cfg = 2 if (grpo and t.cfg and float(config.sample.guidance_scale) != 1.0) else 1
+    copies = int(t.beta > 0) + int(t.get("objective", "grpo") == "nft" and t.get("nft_old_decay", 0.0) > 0)
+    return Settings(precision=precision, use_lora=bool(config.use_lora),
+                    gradient_checkpointing=bool(config.gradient_checkpointing),
+                    cache_embeddings=bool(config.data.get("cache_embeddings", False)),
+                    offload=bool(config.pretrained.get("offload", False)), train_batch_size=int(t.batch_size),
+                    rows_per_sample=cfg * (max(1, int(t.timesteps_per_call)) if grpo else 1), reference_copies=copies)
+
+
+def precision_of(config, environ=None) -> str:
+    env = os.environ if environ is None else environ
+    p = (config.mixed_precision or str(env.get("ACCELERATE_MIXED_PRECISION", "no")).strip().lower() or "no")
+    return p if p in DTYPE_BYTES else "no"
+
+
+def device_memory_gib(config) -> Optional[float]:
+    """config.device_memory_gb when > 0, else the first visible GPU's / NPU's memory, else None (no verdict)."""
+    if float(config.get("device_memory_gb", 0) or 0) > 0:
+        return float(config.device_memory_gb)
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GiB
+    from .devices import npu_available
+
+    if npu_available():
+        return torch.npu.get_device_properties(0).total_memory / GiB
+    return None
+
+
+def format_plan(rows, engine: Engine, precision: str) -> List[str]:
+    how = {"ddp": "DDP (replicated)", "fsdp2": "FSDP2 full shard", "zero1": "DeepSpeed ZeRO-1",
+           "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}[engine.kind]
+    out = [f"memory plan per device: {how} over {engine.world} process(es), precision {precision}"]
+    out += [f"  {label:<62} {b / GiB:9.2f} GiB" for label, b in rows]
+    out.append(f"total per device: {total(rows) / GiB:.2f} GiB")
+    return out
+
+
+def report(config, environ=None) -> List[str]:
+    """The plan's lines for this config and launch (module docstring), with the verdict and the switches that would
+    make it fit when the device's memory is known."""
+    from .meta_counts import count_model
+
+    engine = launch_engine(environ)
+    precision = precision_of(config, environ)
+    capacity = device_memory_gib(config)
+    counts = count_model(config, only_configured=capacity is None)  # no verdict: no search, count what it reads
+    s = settings_of(config, precision)
+    rows = plan(counts, s, engine)
+    lines = format_plan(rows, engine, precision)
+    if capacity is not None:
+        if fits(total(rows), capacity):
+            lines.append(f"fits {capacity:.1f} GiB per device ({MARGIN:.0%} kept for what the plan leaves out)")
+        else:
+            found = fit(counts, s, engine, capacity)
+            lines.append(f"does not fit {capacity:.1f} GiB per device; " + (
+                f"fits with: {describe(found[0], found[2])} ({found[3] / GiB:.1f} GiB)" if found else
+                "no combination of LoRA, gradient checkpointing, FSDP2 (up to 64), cached embeddings, offload and "
+                "train.batch_size fits"))
+    return lines
+
+
+def print_plan(config, environ=None) -> None:
+    """report()'s lines on the main process (RANK 0). A plan that cannot be made (a model whose configs the meta
+    build cannot read) is one line: the plan informs, the run goes on."""
+    env = os.environ if environ is None else environ
+    if str(env.get("RANK", "0")) != "0":
+        return
+    try:
+        lines = report(config, environ)
+    except Exception as e:  # noqa: BLE001 - the run does not depend on its plan
+        lines = [f"memory plan: not available ({type(e).__name__}: {' '.join(str(e).split())[:200]})"]
+    print("\n".join(lines), flush=True)

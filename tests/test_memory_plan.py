@@ -1,0 +1,299 @@
+"""The memory plan (trainer/memory_plan.py, trainer/meta_counts.py): its arithmetic against hand-computed numbers,
+its static part against real modules' bytes, its activation estimate (meta device) against the memory a real CPU
+forward keeps for backward, its counts against the real modules, and the plan a dry run prints."""
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddpo_grpo.trainer import memory_plan as mp
+from ddpo_grpo.trainer.meta_counts import SavedBytes, activation_bytes, count_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "config"))
+import grpo  # noqa: E402
+
+G = mp.GiB
+
+
+def counts(**kw):
+    base = dict(denoiser=1000, lora=10, full_trainable=1000, text_encoders={"text_encoder": 100}, vae=50,
+                vae_bytes={"no": 4, "bf16": 2, "fp16": 4}, condition_elems=7, num_prompts=3, act_bytes=400,
+                act_bytes_ckpt=40)
+    base.update(kw)
+    return mp.ModelCounts(**base)
+
+
+def rows(c, s, e):
+    return [b for _, b in mp.plan(c, s, e)]
+
+
+# ------------------------------------------------------------------------------------------------ arithmetic
+def test_full_fine_tune_ddp_one_process_fp32_by_hand():
+    s = mp.Settings(precision="no", train_batch_size=2, rows_per_sample=2)
+    got = rows(counts(), s, mp.Engine("ddp", 1))
+    # frozen 0, trainable 1000 x 4, grads 4000, Adam 8000, ref 0, text encoder 400, vae 200, embeddings 3 x 7 x 4,
+    # activations 400 B per row x 2 rows per sample x 2 samples
+    assert got == [0, 4000, 4000, 8000, 0, 400, 200, 84, 1600]
+
+
+def test_lora_bf16_fsdp2_over_4_by_hand():
+    s = mp.Settings(precision="bf16", use_lora=True, train_batch_size=1, reference_copies=1, cache_embeddings=True,
+                    offload=True, gradient_checkpointing=True)
+    got = rows(counts(), s, mp.Engine("fsdp2", 4))
+    # base 1000 x 2 / 4, LoRA 10 x 4 / 4, grads 40 / 4, Adam 80 / 4, reference LoRA copy 40 / 4, text encoder and
+    # VAE off the device, embeddings 3 x 7 x 2 (the base's dtype), checkpointed activations 40 x 2/4 bytes
+    assert got == [500, 10, 10, 20, 10, 0, 0, 42, 20]
+
+
+def test_deepspeed_zero_stages_by_hand():
+    s = mp.Settings(precision="bf16", train_batch_size=0)  # no activations: the static part alone
+    c = counts(text_encoders={}, vae=0, num_prompts=0)
+    z1, z2, z3 = (rows(c, s, mp.Engine(f"zero{k}", 4)) for k in (1, 2, 3))
+    # ZeRO paper: 2 (bf16 params) + 2 (grads) + 12 (fp32 master + Adam) bytes per parameter, stage k shards more
+    assert z1[:4] == [0, 2000, 2000, 12000 / 4]
+    assert z2[:4] == [0, 2000, 2000 / 4, 12000 / 4]
+    assert z3[:4] == [0, 2000 / 4, 2000 / 4, 12000 / 4]
+    assert sum(z3) == 16000 / 4
+
+
+def test_ddp_replicas_hold_buckets_and_full_bf16_autocast_casts():
+    s = mp.Settings(precision="bf16", train_batch_size=0, reference_copies=1)
+    labels = [lab for lab, _ in mp.plan(counts(), s, mp.Engine("ddp", 8))]
+    got = dict(zip(labels, rows(counts(), s, mp.Engine("ddp", 8))))
+    assert got["DDP gradient buckets (fp32)"] == 4000
+    assert got["autocast weight casts (bf16/fp16)"] == 2000
+    assert got["reference (EMA copies, fp32)"] == 4000  # full fine-tune: one fp32 copy, replicated under DDP
+    assert "DDP gradient buckets (fp32)" not in dict(mp.plan(counts(), s, mp.Engine("ddp", 1)))
+
+
+def test_fit_names_the_fewest_switches_and_plans_them():
+    gib = int(G)
+    c = counts(denoiser=gib // 16, full_trainable=gib // 16, lora=1000, text_encoders={"te": gib // 4}, vae=0,
+               num_prompts=0, act_bytes=8 * gib, act_bytes_ckpt=gib // 8)
+    s = mp.Settings(precision="no", train_batch_size=1)  # 1 GiB static + 0.25 x 4 text encoder + 8 GiB activations
+    assert mp.total(mp.plan(c, s, mp.Engine())) / G == pytest.approx(10.0, abs=1e-6)
+    names, s2, e2, nbytes = mp.fit(c, s, mp.Engine(), capacity_gib=4.0)
+    assert names == ["gradient_checkpointing"] and s2.gradient_checkpointing and e2 == mp.Engine("ddp", 1)
+    assert nbytes == mp.total(mp.plan(c, s2, e2)) and nbytes / G == pytest.approx(2.125)
+    # 2 GiB: checkpointing alone leaves 2.125 > 1.8 usable; + the text encoders off the device fits
+    assert mp.fit(c, s, mp.Engine(), capacity_gib=2.0)[0] == ["cache_embeddings", "gradient_checkpointing"]
+    # a base too big for one device even under LoRA: FSDP2 over the fewest devices that make it fit
+    big = counts(denoiser=gib // 2, full_trainable=gib // 2, lora=1000, text_encoders={}, vae=0, num_prompts=0,
+                 act_bytes=0, act_bytes_ckpt=0)  # full: 8 GiB of state; LoRA: a 2 GiB fp32 base
+    names, s2, e2, nbytes = mp.fit(big, s, mp.Engine(), capacity_gib=1.0)
+    assert (names, e2) == (["fsdp2", "use_lora"], mp.Engine("fsdp2", 4))  # over 2: 1 GiB > 0.9 usable
+    assert mp.describe(names, e2).startswith("FSDP2 over 4")
+    assert mp.fit(counts(act_bytes=100 * gib, act_bytes_ckpt=100 * gib), s, mp.Engine(), 1.0) is None
+
+
+def test_launch_engine_reads_accelerates_environment():
+    env = {"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    assert mp.launch_engine(env) == mp.Engine("fsdp2", 8)
+    assert mp.launch_engine({"WORLD_SIZE": "4", "ACCELERATE_USE_DEEPSPEED": "true",
+                             "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}) == mp.Engine("zero3", 4)
+    assert mp.launch_engine({"WORLD_SIZE": "4", "ACCELERATE_USE_DEEPSPEED": "true"}) == mp.Engine("zero2", 4)
+    assert mp.launch_engine({"WORLD_SIZE": "2"}) == mp.Engine("ddp", 2)
+    assert mp.launch_engine({}) == mp.Engine("ddp", 1)
+    assert mp.launch_engine({"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
+                             "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+                             "PARALLELISM_CONFIG_DP_SHARD_SIZE": "4"}) == mp.Engine("fsdp2", 4)
+
+
+# ------------------------------------------------------------------------------------------ against real memory
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap():
+    """Bytes in use on glibc's heap (mallinfo2: small chunks + mmapped ones), where torch's CPU tensors live."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        pytest.skip("glibc's mallinfo2 is not available here")
+
+    def used():
+        gc.collect()
+        m = libc.mallinfo2()
+        return m.uordblks + m.hblkhd
+
+    return used
+
+
+def mid_unet_config(latent: int, channels=(64, 128, 128, 128)) -> dict:
+    """SD 1.5's UNet layout (sd15_random) at a CPU-friendly width: 12.8 M parameters."""
+    from ddpo_grpo.models.sd15_random import sd15_unet_config
+
+    return dict(sd15_unet_config(latent), block_out_channels=channels, cross_attention_dim=64, attention_head_dim=8,
+                norm_num_groups=16)
+
+
+def _inputs(rows, latent, device):
+    return (torch.randn(rows, 4, latent, latent).to(device), torch.full((rows,), 500.0).to(device),
+            torch.randn(rows, 77, 64).to(device))
+
+
+@pytest.mark.parametrize("channels,latent", [((32, 64, 64, 64), 8), ((64, 128, 128, 128), 16)])
+def test_activation_estimate_matches_the_memory_a_cpu_forward_keeps(channels, latent):
+    """Per row (the slope between 1 and 2 rows, which cancels fixed costs such as autograd's nodes): the bytes the
+    meta-device count says against glibc's heap growth over a real float32 forward with grad, within 10 %. The
+    checkpointed count's kept part (block inputs) likewise. Two sizes: 3.3 M and 12.8 M parameters."""
+    from diffusers import UNet2DConditionModel
+
+    used = _heap()
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(**mid_unet_config(latent, channels)).requires_grad_(True)
+    with torch.device("meta"):
+        meta = UNet2DConditionModel(**mid_unet_config(latent, channels))
+    est = [activation_bytes(meta, _inputs(r, latent, "meta"), False) for r in (1, 2)]
+    for rows in (1, 2):  # warm-up at each shape: oneDNN's primitive caches and the allocator's one-offs
+        x, t, c = _inputs(rows, latent, "cpu")
+        unet(x, t, encoder_hidden_states=c)
+
+    def kept(rows, checkpointing=False):
+        if checkpointing:
+            unet.enable_gradient_checkpointing()
+        x, t, c = _inputs(rows, latent, "cpu")
+        before = used()
+        out = unet(x, t, encoder_hidden_states=c).sample
+        nbytes = used() - before - out.numel() * out.element_size()
+        del out
+        unet.disable_gradient_checkpointing()
+        return nbytes
+
+    measured = kept(2) - kept(1)
+    assert est[1] - est[0] == pytest.approx(measured, rel=0.10)
+    assert est[1] == pytest.approx(2 * est[0], rel=0.02)  # per row: the plan multiplies it by rows
+    if latent == 16:
+        counted = []
+        for r in (1, 2):
+            sb = SavedBytes()
+            meta.enable_gradient_checkpointing(gradient_checkpointing_func=sb.checkpoint)
+            with sb.counting():
+                x, t, c = _inputs(r, latent, "meta")
+                meta(x, t, encoder_hidden_states=c)
+            counted.append(sb.outside)
+        assert counted[1] - counted[0] == pytest.approx(kept(2, True) - kept(1, True), rel=0.10)
+        assert activation_bytes(meta, _inputs(1, latent, "meta"), True) < est[0] / 3
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_static_part_matches_real_modules_bytes(lora):
+    """The plan's parameters + gradients + AdamW state against glibc's heap growth over building the 12.8 M-parameter
+    UNet, (LoRA: its base in bf16, the adapters cast to fp32 as the trainer holds them) a backward and an AdamW step,
+    within 15 %."""
+    from diffusers import UNet2DConditionModel
+    from peft import LoraConfig
+
+    used = _heap()
+    cfg = grpo.get_config("tiny")
+    before = used()
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(**mid_unet_config(8))
+    n = sum(p.numel() for p in unet.parameters())
+    if lora:
+        unet.to(torch.bfloat16).requires_grad_(False)
+        unet.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, init_lora_weights="gaussian",
+                                    target_modules=["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]))
+        for p in unet.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
+    trainable = [p for p in unet.parameters() if p.requires_grad]
+    n_lora = sum(p.numel() for p in trainable) if lora else 0
+    for p in trainable:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(trainable, lr=1e-4)
+    opt.step()
+    measured = used() - before
+    c = counts(denoiser=n, full_trainable=n, lora=n_lora, text_encoders={}, vae=0, num_prompts=0)
+    s = mp.Settings(precision="bf16" if lora else "no", use_lora=lora, train_batch_size=0)
+    planned = mp.total(mp.plan(c, s, mp.Engine()))
+    assert planned == pytest.approx(measured, rel=0.15)
+    assert planned == (2 * n + 16 * n_lora if lora else 16 * n)
+
+
+def test_meta_counts_are_the_real_modules_counts():
+    """count_model on the meta device against the real tiny-t2i modules and a real LoRA of the config's rank."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.data import build_dataset
+
+    cfg = grpo.get_config("tiny")
+    got = count_model(cfg)
+    pipe = load_pipeline("tiny-t2i", torch.float32, "cpu")
+    numel = lambda m: sum(p.numel() for p in m.parameters()) if m is not None else 0  # noqa: E731
+    n = numel(inner_model(pipe.unet))
+    assert (got.denoiser, got.full_trainable, got.vae) == (n, n, numel(pipe.vae))
+    assert got.text_encoders == {"text_encoder": numel(pipe.text_encoder)}
+    assert got.condition_elems == pipe.encode([""])[0].numel()
+    assert got.num_prompts == 1 + len(build_dataset(cfg, "train")) + len(build_dataset(cfg, "eval"))
+    cfg.use_lora = True
+    make_trainable(pipe.unet, cfg, pipe.adapter.lora_target_modules)
+    assert got.lora == sum(p.numel() for p in pipe.unet.parameters() if p.requires_grad) > 0
+    assert 0 < got.act_bytes_ckpt < got.act_bytes
+    lean = count_model(grpo.get_config("tiny"), only_configured=True)  # a run without a verdict: no LoRA, no ckpt
+    assert (lean.lora, lean.act_bytes_ckpt, lean.act_bytes, lean.denoiser) == (None, None, got.act_bytes, n)
+
+
+# ---------------------------------------------------------------------------------------------- the dry run
+def test_dry_run_prints_the_plan_for_the_launched_engine():
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WORLD_SIZE="8",
+               ACCELERATE_USE_FSDP="true", FSDP_VERSION="2")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config",
+                          os.path.join(ROOT, "config", "grpo.py") + ":tiny", "--config.dry_run=True",
+                          "--config.device_memory_gb=0.01"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert "memory plan per device: FSDP2 full shard over 8 process(es), precision no" in lines
+    total = next(ln for ln in lines if ln.startswith("total per device: "))
+    cfg = grpo.get_config("tiny")
+    expected = mp.total(mp.plan(count_model(cfg), mp.settings_of(cfg, "no"), mp.Engine("fsdp2", 8))) / G
+    assert total == f"total per device: {expected:.2f} GiB"
+    verdict = lines[lines.index(total) + 1]
+    assert verdict.startswith("does not fit 0.0 GiB per device; ")
+
+
+def test_meta_counts_of_a_recam_folder_with_its_checkpoint():
+    """tiny-recam-video (a Wan folder + recammaster.ckpt): the camera layers counted without reading the checkpoint,
+    equal to the real loaded model's, and a full fine-tune's trainable part is ReCamMaster's (adapter.full_trainable)."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+    from ddpo_grpo.models.recam import checkpoint_path
+
+    cfg = grpo.get_config("recam_video_tiny")
+    got = count_model(cfg, only_configured=True)
+    pipe = load_pipeline(cfg.pretrained.model, torch.float32, "cpu", int(cfg.pretrained.resolution),
+                         recam_checkpoint=checkpoint_path(cfg))
+    pipe.adapter.configure(pipe, cfg)  # the config's frames, as a run configures it
+    named = list(inner_model(pipe.unet).named_parameters())
+    frags = pipe.adapter.full_trainable
+    assert got.denoiser == sum(p.numel() for _, p in named)
+    assert got.full_trainable == sum(p.numel() for k, p in named if any(f in k for f in frags)) < got.denoiser
+    assert got.sample_shape == tuple(pipe.sample_shape) and got.act_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["sdxl_tiny", "sd3_tiny", "flux_tiny", "wan_tiny", "recam_image_tiny"])
+def test_meta_counts_of_each_family_are_its_real_modules(name):
+    """A folder of each architecture counted from its config files on the meta device (meta_loading through the
+    adapter's own load) against the real loaded components, and its training forward counted at its shapes."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.base import inner_model
+
+    cfg = grpo.get_config(name)
+    got = count_model(cfg, only_configured=True)
+    pipe = load_pipeline(cfg.pretrained.model, torch.float32, "cpu", int(cfg.pretrained.resolution))
+    pipe.adapter.configure(pipe, cfg)
+    numel = lambda m: sum(p.numel() for p in m.parameters()) if m is not None else 0  # noqa: E731
+    encoders = {k: numel(m) for k, m in pipe.components.items() if k.startswith("text_encoder") and m is not None}
+    assert got.denoiser == numel(inner_model(pipe.unet)) and got.vae == numel(pipe.vae)
+    assert got.text_encoders == (encoders or ({"text_encoder": numel(pipe.text_encoder)} if pipe.text_encoder else {}))
+    assert got.sample_shape == tuple(pipe.sample_shape)
+    assert (got.act_bytes_ckpt if cfg.gradient_checkpointing else got.act_bytes) > 0
