@@ -30,6 +30,7 @@ def test_the_rule():
     assert [run_dtype(m) for m in ("no", "", None, "bf16", "fp16")] == [FP32, FP32, FP32, BF16, torch.float16]
     for run in (FP32, BF16, torch.float16):
         assert component_dtype("denoiser", run) == FP32  # master weights stay float32
+        assert component_dtype("denoiser", run, lora=True) == run  # a LoRA run's frozen base: the run's dtype
         assert component_dtype("text_encoder", run) == run
     kl = {"_class_name": "AutoencoderKL", "force_upcast": True}
     assert component_dtype("vae", BF16, kl) == BF16  # bf16 has float32's range: diffusers keeps it in bf16
@@ -84,8 +85,9 @@ def test_bf16_encode_on_cpu_matches_fp32_to_bf16_precision(loaded, name):
 
 def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
     """build_context's load dtype is accelerate's mixed_precision: with bf16 (forced on CPU) the frozen encoders and
-    VAE are bf16, the trained transformer (LoRA base and adapters) float32, the cached empty-prompt condition float32;
-    the sampler's decode runs the bf16 VAE under the run's autocast."""
+    VAE are bf16, and, sd3_tiny training LoRA, the frozen base transformer bf16 with the adapters float32 (diffusers'
+    cast_training_params), the cached empty-prompt condition in the base's bf16; the sampler's decode runs the bf16
+    VAE under the run's autocast. (Full fine-tuning keeps a float32 denoiser: tests/test_memory_switches.py.)"""
     import os
     import sys
 
@@ -110,9 +112,11 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
         c = ctx.pipe.components
         assert {k: dtypes(c[k]) for k in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")} == {
             k: {BF16} for k in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")}
-        assert dtypes(acc.unwrap_model(ctx.unet)) == {FP32}
-        assert any("lora_" in n for n, p in acc.unwrap_model(ctx.unet).named_parameters() if p.requires_grad)
-        assert ctx.neg_embed.dtype == FP32
+        named = list(acc.unwrap_model(ctx.unet).named_parameters())
+        assert {p.dtype for n, p in named if p.requires_grad} == {FP32}
+        assert all("lora_" in n for n, p in named if p.requires_grad) and any(p.requires_grad for n, p in named)
+        assert {p.dtype for n, p in named if not p.requires_grad} == {BF16}
+        assert ctx.neg_embed.dtype == BF16
         with torch.no_grad(), acc.autocast():
             images = decode(ctx.pipe.vae, torch.randn(2, *ctx.pipe.sample_shape))
         assert images.dtype == FP32 and images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()

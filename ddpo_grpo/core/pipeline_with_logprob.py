@@ -62,25 +62,35 @@ def decode(vae, latents: torch.Tensor) -> torch.Tensor:
 
     A latents_mean / latents_std VAE decodes in its own dtype with autocast off, as WanPipeline does (it casts the
     latents to vae.dtype and runs no autocast): models.base keeps Wan's VAE in float32 for that, and under the
-    trainer's bf16 autocast its 3-D convolutions would otherwise still run in bf16."""
-    if vae is not None:
-        cfg = vae.config
-        if getattr(cfg, "scaling_factor", None) is None and getattr(cfg, "latents_mean", None) is not None:
-            import contextlib
+    trainer's bf16 autocast its 3-D convolutions would otherwise still run in bf16. A parked VAE (core.offload:
+    pretrained.offload) visits the latents' device for the decode."""
+    from .offload import visiting
 
-            device = latents.device.type
-            off = (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
-                   else contextlib.nullcontext())
-            with off:  # WanPipeline's order: cast to vae.dtype, then un-normalise in that dtype
-                latents = latents.to(vae.dtype)
-                mean, std = _latent_stats(cfg, latents)
-                latents = vae.decode(latents / (1.0 / std) + mean, return_dict=False)[0]  # WanPipeline's form
-        else:
-            shift = getattr(cfg, "shift_factor", None) or 0.0
-            latents = vae.decode(latents / cfg.scaling_factor + shift, return_dict=False)[0]
-        if latents.ndim == 5:  # video (B, 3, F, H, W) -> frames (B, F, 3, H, W)
-            latents = latents.permute(0, 2, 1, 3, 4)
+    if vae is not None:
+        with visiting(vae, latents.device):
+            latents = _decode(vae, latents)
     return (latents.float() / 2 + 0.5).clamp(0, 1)
+
+
+def _decode(vae, latents: torch.Tensor) -> torch.Tensor:
+    """decode's VAE part: latents -> the VAE's output in [-1, 1] (video permuted to (B, F, 3, H, W))."""
+    cfg = vae.config
+    if getattr(cfg, "scaling_factor", None) is None and getattr(cfg, "latents_mean", None) is not None:
+        import contextlib
+
+        device = latents.device.type
+        off = (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
+               else contextlib.nullcontext())
+        with off:  # WanPipeline's order: cast to vae.dtype, then un-normalise in that dtype
+            latents = latents.to(vae.dtype)
+            mean, std = _latent_stats(cfg, latents)
+            latents = vae.decode(latents / (1.0 / std) + mean, return_dict=False)[0]  # WanPipeline's form
+    else:
+        shift = getattr(cfg, "shift_factor", None) or 0.0
+        latents = vae.decode(latents / cfg.scaling_factor + shift, return_dict=False)[0]
+    if latents.ndim == 5:  # video (B, 3, F, H, W) -> frames (B, F, 3, H, W)
+        latents = latents.permute(0, 2, 1, 3, 4)
+    return latents
 
 
 def _latent_stats(cfg, like: torch.Tensor):
@@ -95,8 +105,11 @@ def _latent_stats(cfg, like: torch.Tensor):
 def encode_frames(vae, frames: torch.Tensor) -> torch.Tensor:
     """Frames (B, F, 3, H, W) in [0, 1] -> normalised latents (B, C, F', H', W'): the posterior mean, then
     (z - latents_mean) / latents_std, the inverse of `decode` for a latents_mean / latents_std VAE (Wan's), run in the
-    VAE's dtype with autocast off as decode is. ReCamMaster conditions on a source clip encoded this way."""
+    VAE's dtype with autocast off as decode is. ReCamMaster conditions on a source clip encoded this way. A parked VAE
+    (core.offload) visits the frames' device for the encode."""
     import contextlib
+
+    from .offload import visiting
 
     cfg = vae.config
     if getattr(cfg, "latents_mean", None) is None:
@@ -104,7 +117,7 @@ def encode_frames(vae, frames: torch.Tensor) -> torch.Tensor:
     device = frames.device.type
     off = (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
            else contextlib.nullcontext())
-    with off:
+    with off, visiting(vae, frames.device):
         x = (frames.to(vae.dtype) * 2 - 1).permute(0, 2, 1, 3, 4)  # (B, 3, F, H, W) in [-1, 1]
         z = vae.encode(x).latent_dist.mean
         mean, std = _latent_stats(cfg, z)

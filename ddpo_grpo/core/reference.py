@@ -11,6 +11,16 @@ The reference forward runs on the policy module itself, with the reference value
 
 LoRA caveat: the EMA is taken of the factors A and B separately, so the reference's weight delta
 B_ref @ A_ref is not the EMA of the deltas B @ A (it is exact for alpha = 1 and alpha = 0).
+
+LoRA holds no second copy of the base: the reference is the policy's own frozen base with the reference's adapter
+values. At alpha = 1 those are the initial ones, B = 0 (init_lora_weights="gaussian"), so the reference forward is
+bit for bit the base with peft's adapter disabled (tests/test_memory_switches.py), whatever the base's dtype (a LoRA
+run's base is in the run's dtype: models.base.component_dtype).
+
+Autocast: enter the swap outside the autocast context (`with ref.swapped(), autocast():`, as the trainer does).
+torch.autocast caches its low-precision casts of float32 leaf parameters that require grad for the life of its
+outermost context, so a forward of the policy and a swap inside one context would run the reference on the
+policy's cached casts.
 """
 from __future__ import annotations
 

@@ -143,10 +143,11 @@ def model_adapter(path_or_name: str, recam_checkpoint: str = ""):
 
 
 def build_model(name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu", resolution: int = 0,
-                num_frames: int = 0) -> LoadedPipeline:
+                num_frames: int = 0, lora: bool = False) -> LoadedPipeline:
     """A BUILT model through its BUILDERS function, each module in component_dtype's choice for a run computing in
-    `torch_dtype` (the denoiser in float32, frozen parts in torch_dtype), as a folder loads; resolution / num_frames 0:
-    the builder's defaults. A GPU_ONLY model on a CPU is one ConfigError line."""
+    `torch_dtype` (the denoiser in float32, or torch_dtype for a LoRA run's frozen base; frozen parts in torch_dtype),
+    as a folder loads; resolution / num_frames 0: the builder's defaults. A GPU_ONLY model on a CPU is one ConfigError
+    line."""
     import importlib
 
     from .base import component_dtype
@@ -157,16 +158,19 @@ def build_model(name: str, torch_dtype: torch.dtype = torch.float32, device: str
                           "or sd15-random at pretrained.resolution=64")
     module, fn = BUILDERS[name].split(":")
     kw = {k: v for k, v in (("resolution", resolution), ("num_frames", num_frames)) if v}
+    denoiser_dtype = component_dtype("denoiser", torch_dtype, lora=lora)
     return getattr(importlib.import_module(module), fn)(torch_dtype=torch_dtype, device=device,
-                                                        denoiser_dtype=component_dtype("denoiser", torch_dtype), **kw)
+                                                        denoiser_dtype=denoiser_dtype, **kw)
 
 
 def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu",
-                  resolution: int = 0, num_frames: int = 0, recam_checkpoint: str = "") -> LoadedPipeline:
+                  resolution: int = 0, num_frames: int = 0, recam_checkpoint: str = "", lora: bool = False
+                  ) -> LoadedPipeline:
     """Load a model's components from a local folder, never the hub, through its architecture's adapter (chosen by
     model_index.json's `_class_name`); or build a BUILT model ("sd15-random", ...: build_model) at `resolution`
     pixels (0: native). torch_dtype: the run's compute dtype (base.run_dtype); components load in base.component_dtype's
-    choice for it, folders and built models alike.
+    choice for it, folders and built models alike; `lora`: the run trains LoRA adapters, so the denoiser is a frozen
+    base and loads in torch_dtype (component_dtype).
 
     The scheduler class decides the sampler family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler
     -> "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
@@ -176,8 +180,10 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
     if num_frames and not getattr(adapter, "video", False):
         raise ConfigError(f"num_frames={num_frames} applies to video models; {path_or_name!r} makes images")
     if path_or_name in BUILT:
-        return build_model(path_or_name, torch_dtype, device, resolution, num_frames)
+        return build_model(path_or_name, torch_dtype, device, resolution, num_frames, lora)
     kw = {"num_frames": num_frames} if num_frames else {}
+    if lora:  # passed only when set: an adapter plugin that never trains LoRA need not take it
+        kw["lora"] = True
     if recam_checkpoint:
         kw["checkpoint"] = recam_checkpoint
     return adapter.load(resolve_model_path(path_or_name), torch_dtype=torch_dtype, device=device,

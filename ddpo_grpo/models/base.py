@@ -141,8 +141,22 @@ class LoadedPipeline:
     def encode(self, prompts: Sequence[str]) -> torch.Tensor:
         """The denoiser's condition (B, L, D) for each prompt (module docstring), in the denoiser's dtype: frozen text
         encoders may run in bf16 (component_dtype), and a condition is stored, doubled for CFG and fed to the float32
-        master weights under autocast like any of the trainer's tensors (the upcast is exact)."""
-        return self.adapter.encode(self, prompts).to(next(self.unet.parameters()).dtype)
+        master weights under autocast like any of the trainer's tensors (the upcast is exact). Text encoders parked on
+        the host (core.offload: pretrained.offload, or cached embeddings) visit the denoiser's device for the call."""
+        from ddpo_grpo.core.offload import visiting
+
+        weight = next(self.unet.parameters())
+        with visiting(self.text_encoders(), weight.device):
+            return self.adapter.encode(self, prompts).to(weight.dtype)
+
+    def text_encoders(self) -> List[torch.nn.Module]:
+        """The text encoders: the components named text_encoder* (in name order), else `text_encoder`; [] for a model
+        without one (tiny-recam)."""
+        found = [m for k, m in sorted((self.components or {}).items())
+                 if k.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
+        if not found and isinstance(self.text_encoder, torch.nn.Module):
+            found = [self.text_encoder]
+        return found
 
 
 class ModelAdapter:
@@ -157,9 +171,12 @@ class ModelAdapter:
     lora_target_modules: Tuple[str, ...] = ()
     fsdp_block_classes: Tuple[str, ...] = ()  # what config/accelerate/fsdp2.yaml wraps, per architecture
 
-    def load(self, path: str, torch_dtype: torch.dtype, device, resolution: int = 0) -> LoadedPipeline:
+    def load(self, path: str, torch_dtype: torch.dtype, device, resolution: int = 0, lora: bool = False
+             ) -> LoadedPipeline:
         """The folder's components on `device`. torch_dtype: the dtype the run computes in (run_dtype); each
-        component loads in component_dtype's choice for it (frozen encoders in torch_dtype, the denoiser in float32)."""
+        component loads in component_dtype's choice for it (frozen encoders in torch_dtype, the denoiser in float32,
+        or in torch_dtype when `lora`: a LoRA run's frozen base). load_pipeline passes `lora` only when it is True,
+        so an adapter that never trains LoRA may leave it out of its signature."""
         raise NotImplementedError
 
     def encode(self, pipe: LoadedPipeline, prompts: Sequence[str]) -> torch.Tensor:
@@ -299,7 +316,7 @@ def load_scheduler(path: str, dynamic_shift: bool = False, **overrides):
 # example loads AutoencoderKLWan with torch_dtype=torch.float32 next to a bf16 pipeline, and WanPipeline casts the
 # latents to vae.dtype to decode, so the stock pipeline decodes video in float32). 127 M parameters: 0.5 GB.
 FP32_VAE_CLASSES = ("AutoencoderKLWan",)
-DENOISER_DTYPE = torch.float32
+TRAINABLE_DTYPE = torch.float32  # what AdamW updates: a full fine-tune's denoiser, a LoRA run's adapter parameters
 
 
 def run_dtype(mixed_precision: str) -> torch.dtype:
@@ -307,12 +324,17 @@ def run_dtype(mixed_precision: str) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision or "no"), torch.float32)
 
 
-def component_dtype(role: str, torch_dtype: torch.dtype, vae_config: Optional[dict] = None) -> torch.dtype:
+def component_dtype(role: str, torch_dtype: torch.dtype, vae_config: Optional[dict] = None,
+                    lora: bool = False) -> torch.dtype:
     """The dtype a pipeline component loads in, for a run computing in `torch_dtype` (run_dtype; float32 without
     mixed precision): the one rule every adapter's load and every real-shape build follows.
 
-    - "denoiser": float32. accelerate's mixed precision autocasts the forward and expects fp32 parameters: they are
-      the master weights AdamW updates (a bf16 weight loses an update smaller than 2^-8 of itself);
+    - "denoiser": float32 for a full fine-tune. accelerate's mixed precision autocasts the forward and expects fp32
+      parameters: they are the master weights AdamW updates (a bf16 weight loses an update smaller than 2^-8 of
+      itself). Under LoRA (`lora=True`) the denoiser is a frozen base, run forward only: `torch_dtype`, as diffusers'
+      LoRA scripts hold it (FLUX.1-dev's 11.9 B base: 22 GiB instead of 44), while the adapter's parameters, which
+      AdamW updates, are float32 (TRAINABLE_DTYPE: build.make_trainable casts them, diffusers'
+      cast_training_params). Sampling and training run the same module, so the on-policy ratio stays 1;
     - "text_encoder": `torch_dtype`. Frozen, run forward only, as diffusers' pipelines run them in the pipeline's
       dtype; in float32 T5-XXL alone would take 19 GB instead of 9.5;
     - "vae": `torch_dtype`, as diffusers' pipelines run it, except float32 where diffusers decodes in float32: a VAE
@@ -320,7 +342,7 @@ def component_dtype(role: str, torch_dtype: torch.dtype, vae_config: Optional[di
       force_upcast (SDXL's: its decoder overflows fp16; StableDiffusionXLPipeline upcasts it to decode). bf16 has
       float32's range, so bf16 runs keep such VAEs in bf16, as diffusers does."""
     if role == "denoiser":
-        return DENOISER_DTYPE
+        return torch_dtype if lora else TRAINABLE_DTYPE
     if role == "text_encoder":
         return torch_dtype
     if role != "vae":

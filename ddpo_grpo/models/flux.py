@@ -170,7 +170,7 @@ class FluxAdapter(ModelAdapter):
                            "ff_context.net.0.proj", "ff_context.net.2")
     fsdp_block_classes = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
 
-    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0) -> LoadedPipeline:
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, lora=False) -> LoadedPipeline:
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
         from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
 
@@ -194,7 +194,8 @@ class FluxAdapter(ModelAdapter):
 
         text_dtype = component_dtype("text_encoder", torch_dtype)  # T5-XXL: 9.5 GB in bf16, 19 GB in float32
         parts = dict(
-            transformer=model(FluxTransformer2DModel, "transformer", component_dtype("denoiser", torch_dtype)),
+            transformer=model(FluxTransformer2DModel, "transformer",
+                              component_dtype("denoiser", torch_dtype, lora=lora)),
             vae=model(AutoencoderKL, "vae", folder_vae_dtype(path, torch_dtype)),
             text_encoder=model(CLIPTextModel, "text_encoder", text_dtype),
             text_encoder_2=model(T5EncoderModel, "text_encoder_2", text_dtype),

@@ -169,13 +169,13 @@ class RecamAdapter(WanAdapter):
     full_trainable = ("attn1.", "cam_encoder.", "projector.")
 
     def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0,
-             checkpoint: str = ""):
+             checkpoint: str = "", lora=False):
         from diffusers import WanTransformer3DModel
 
         state = read_checkpoint(checkpoint)
         config = WanTransformer3DModel.load_config(path, subfolder="transformer", local_files_only=True)
         keymap = self.check_checkpoint(state, config, checkpoint)
-        dtype = component_dtype("denoiser", torch_dtype)
+        dtype = component_dtype("denoiser", torch_dtype, lora=lora)
         # Built where it runs, in its dtype (its RoPE tables are computed at construction), then every tensor of the
         # checkpoint is copied in: strict both ways.
         with default_dtype(dtype), torch.device(device):
@@ -226,10 +226,11 @@ class RecamAdapter(WanAdapter):
     def condition_channels(self, pipe, items: Sequence[dict], device) -> torch.Tensor:
         """(B, C + 12, F', h, w): each item's "source_video" (F, 3, H, W) in [0, 1] encoded by the VAE (posterior mean,
         normalised) and its "cameras" (F', 12) as constant planes. The trainer caches it per condition."""
+        from ddpo_grpo.core.offload import compute_device
         from ddpo_grpo.core.pipeline_with_logprob import encode_frames
 
         C, F, h, w = self.sample_shape(pipe)
-        vae_device = next(pipe.vae.parameters()).device
+        vae_device = compute_device(pipe.vae, device)  # `device` for a parked VAE (pretrained.offload), which visits it
         out = []
         for it in items:
             if "source_video" not in it or "cameras" not in it:

@@ -15,14 +15,14 @@ class SDAdapter(ModelAdapter):
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2")
     fsdp_block_classes = ("ResnetBlock2D", "BasicTransformerBlock")
 
-    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0) -> LoadedPipeline:
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, lora=False) -> LoadedPipeline:
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTokenizer
 
         kw = dict(local_files_only=True)
         scheduler, family = load_scheduler(path)
         unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=component_dtype(
-            "denoiser", torch_dtype), **kw).to(device)
+            "denoiser", torch_dtype, lora=lora), **kw).to(device)
         text_encoder = tokenizer = vae = None
         if os.path.isdir(os.path.join(path, "text_encoder")):
             text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=component_dtype(

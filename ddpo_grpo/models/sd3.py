@@ -110,7 +110,7 @@ class SD3Adapter(ModelAdapter):
                            "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
     fsdp_block_classes = ("JointTransformerBlock",)
 
-    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0) -> LoadedPipeline:
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, lora=False) -> LoadedPipeline:
         from diffusers import AutoencoderKL, SD3Transformer2DModel
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
 
@@ -131,7 +131,7 @@ class SD3Adapter(ModelAdapter):
         scheduler, family = load_scheduler(path, dynamic_shift=self.dynamic_shift)  # run_scheduler gives it its mu
         text_dtype = component_dtype("text_encoder", torch_dtype)  # T5-XXL: 9.5 GB in bf16, 19 GB in float32
         model = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=component_dtype(
-            "denoiser", torch_dtype), **kw).to(device)
+            "denoiser", torch_dtype, lora=lora), **kw).to(device)
         parts = dict(
             transformer=model,
             vae=AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=folder_vae_dtype(path, torch_dtype),

@@ -63,7 +63,7 @@ class SDXLAdapter(ModelAdapter):
     # SDXL's 2.6 B parameters sit mostly in the 70 BasicTransformerBlocks of its 10-deep transformer stacks.
     fsdp_block_classes = ("ResnetBlock2D", "BasicTransformerBlock")
 
-    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0) -> LoadedPipeline:
+    def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, lora=False) -> LoadedPipeline:
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
@@ -77,7 +77,7 @@ class SDXLAdapter(ModelAdapter):
         scheduler, family = load_scheduler(path)
         text_dtype = component_dtype("text_encoder", torch_dtype)
         unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=component_dtype(
-            "denoiser", torch_dtype), **kw).to(device)
+            "denoiser", torch_dtype, lora=lora), **kw).to(device)
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=folder_vae_dtype(path, torch_dtype),
                                             **kw).to(device)
         te = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=text_dtype, **kw).to(device)

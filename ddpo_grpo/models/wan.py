@@ -80,7 +80,7 @@ class WanAdapter(ModelAdapter):
     video = True
 
     def load(self, path, torch_dtype=torch.float32, device="cpu", resolution=0, num_frames=0,
-             transformer=None) -> LoadedPipeline:
+             transformer=None, lora=False) -> LoadedPipeline:
         """The folder's components; `transformer`: a denoiser to use instead of the folder's weights (models.recam's,
         built from the folder's config and a ReCamMaster checkpoint)."""
         from diffusers import AutoencoderKLWan, WanTransformer3DModel
@@ -107,7 +107,8 @@ class WanAdapter(ModelAdapter):
         kw = dict(local_files_only=True)
         parts = dict(
             transformer=transformer if transformer is not None else WanTransformer3DModel.from_pretrained(
-                path, subfolder="transformer", torch_dtype=component_dtype("denoiser", torch_dtype), **kw).to(device),
+                path, subfolder="transformer", torch_dtype=component_dtype("denoiser", torch_dtype, lora=lora),
+                **kw).to(device),
             # UMT5-XXL: 11 GB in bf16, 23 GB in float32
             text_encoder=UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=component_dtype(
                 "text_encoder", torch_dtype), **kw).to(device),

@@ -58,7 +58,7 @@ class RunContext:
     sampler: KRepeatSampler
     train_data: Any
     eval_data: Any
-    encode: Callable
+    encode: Callable  # trainer/embeddings.py's PromptEmbeddings: prompts -> (B, L, D) on the device
     neg_embed: torch.Tensor
     run_dir: str
     state: RunState
@@ -288,9 +288,16 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trai
         from ddpo_grpo.models.base import inner_model
         from ddpo_grpo.models.sd import ADAPTER as SD
 
+        from diffusers.training_utils import cast_training_params
+
+        from ddpo_grpo.models.base import TRAINABLE_DTYPE
+
         inner_model(unet).add_adapter(LoraConfig(
             r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
             target_modules=list(target_modules or SD.lora_target_modules)))
+        # peft makes the adapter in its base layer's dtype: a bf16 base (component_dtype under LoRA) would give bf16
+        # adapters, whose small AdamW updates round away. The trainable parameters are float32 master weights.
+        cast_training_params(unet, TRAINABLE_DTYPE)
     elif full_trainable:
         for name, p in unet.named_parameters():
             p.requires_grad_(any(f in name for f in full_trainable))
@@ -310,15 +317,21 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from .hacking import build_gold
     from .supervised import SupervisedLoss
 
+    from ddpo_grpo.core.offload import park
     from ddpo_grpo.models.base import run_dtype
+    from .embeddings import PromptEmbeddings, dataset_prompts
     from ddpo_grpo.models.recam import checkpoint_path as recam_checkpoint_path
 
     # Load dtype: the run's compute dtype; folders and built models alike load frozen encoders in it and the denoiser
-    # in float32 (models.base.component_dtype).
+    # in float32, or in it as a LoRA run's frozen base (models.base.component_dtype).
     dtype = run_dtype(accelerator.mixed_precision)
     pipe = load_pipeline(config.pretrained.model, torch_dtype=dtype, device=accelerator.device,
-                         resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint_path(config))
+                         resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint_path(config),
+                         lora=bool(config.use_lora))
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
+    cache_on = bool(config.data.get("cache_embeddings", False))
+    if config.pretrained.get("offload", False):  # on the device only for their calls (core.offload)
+        park([pipe.vae] + pipe.text_encoders())
     unet = pipe.unet
     optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules, pipe.adapter.full_trainable)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
@@ -350,18 +363,14 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     sampler = KRepeatSampler(len(train_data), config.sample.batch_size, config.sample.num_batches_per_epoch,
                              accelerator.num_processes, config.sample.k, config.seed,
                              weights=getattr(train_data, "weights", None), tree_size=tree.leaves if tree else 1)
-    cache: Dict[str, torch.Tensor] = {}
-
-    @torch.no_grad()
-    def encode(prompts):
-        """Prompt embeddings (B, L, D), cached: conditions repeat k times per epoch and across epochs."""
-        # One prompt per call: an embedding must not depend on which batch first asked for it, or a resumed
-        # run (which fills the cache in a different order) would not be bit-identical.
-        for p in dict.fromkeys(prompts):
-            if p not in cache:
-                cache[p] = pipe.encode([p])[0].to(accelerator.device)
-        return torch.stack([cache[p] for p in prompts])
-
+    # Prompt embeddings (B, L, D), each encoded once: conditions repeat k times per epoch and across epochs. With
+    # data.cache_embeddings the whole prompt set (train, eval, the CFG negative "") is encoded now, held on the host
+    # and in the run folder, and the text encoders are parked off the device (trainer/embeddings.py).
+    encode = PromptEmbeddings(pipe, accelerator.device, host=cache_on)
+    if cache_on:
+        with accelerator.main_process_first():  # the main process writes the file; the others read it
+            encode.precompute(dataset_prompts(train_data) + dataset_prompts(eval_data) + [""], folder=run_dir,
+                              settings={"model": config.pretrained.model}, write=accelerator.is_main_process)
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
     old_policy = None
     if t.objective == "nft" and t.get("nft_old_decay", 0.0) > 0:

@@ -32,6 +32,9 @@ class PromptFileDataset:
     def __getitem__(self, i: int) -> Dict:
         return {"index": i, "prompt": self.prompts[i]}
 
+    def prompt_at(self, i: int) -> str:
+        return self.prompts[i]
+
 
 TOYWORLD_OBJECTS = ("mixed", "single", "pair")
 
@@ -59,6 +62,9 @@ class ToyWorldConditions:
         cond = self.ds.condition(i)
         return {"index": self.ds.indices[i], "prompt": cond.prompt(), "condition": cond}
 
+    def prompt_at(self, i: int) -> str:
+        return self.ds.condition(i).prompt()
+
 
 class ConditionSubset:
     """A fixed subset of a condition dataset (DDPO-style small prompt set, so each condition recurs across
@@ -80,6 +86,11 @@ class ConditionSubset:
 
     def __getitem__(self, i: int) -> Dict:
         return self.dataset[self.positions[i]]
+
+    def prompt_at(self, i: int) -> str:
+        """Item i's prompt (trainer/embeddings.dataset_prompts), without building the item where the dataset can."""
+        at = getattr(self.dataset, "prompt_at", None)
+        return at(self.positions[i]) if at is not None else self.dataset[self.positions[i]]["prompt"]
 
 
 def _subset(dataset, n: int, seed: int):

@@ -106,7 +106,11 @@ def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
                      0.0 if s.cache_embeddings else n * float(run)))
     vae_b = c.vae_bytes.get(s.precision, run)
     rows.append((f"vae ({_dt(vae_b)})" + (" offloaded" if s.offload else ""), 0.0 if s.offload else c.vae * float(vae_b)))
-    rows.append((f"cached embeddings ({c.num_prompts} prompts)", c.num_prompts * c.condition_elems * float(base_bytes)))
+    # trainer/embeddings.py: without the cache each prompt's embedding is kept on the device once encoded (the whole
+    # prompt set by the run's end); with data.cache_embeddings they are held on the host, a batch's copied per call.
+    emb = c.num_prompts * c.condition_elems * float(base_bytes)
+    rows.append((f"prompt embeddings ({c.num_prompts} prompts)" + (" on the host" if s.cache_embeddings else ""),
+                 0.0 if s.cache_embeddings else emb))
     per_sample = (c.act_bytes_ckpt if s.gradient_checkpointing else c.act_bytes) * run / 4.0 * s.rows_per_sample
     rows.append((f"activations {per_sample / GiB:.2f} GiB/sample x train.batch_size {s.train_batch_size}"
                  + (" (grad. ckpt)" if s.gradient_checkpointing else ""), per_sample * s.train_batch_size))

@@ -48,6 +48,10 @@ class RecamVideoConditions:
             self._conds[idx] = make_video_condition(idx, self.seed, self.max_drift)
         return self._conds[idx]
 
+    def prompt_at(self, i: int) -> str:
+        """Item i's prompt without rendering its views (trainer/embeddings.dataset_prompts)."""
+        return self.condition(i % len(self)).prompt()
+
     def __getitem__(self, i: int) -> Dict:
         if not -len(self) <= i < len(self):
             raise IndexError(f"recam_video {self.split} split has {len(self)} conditions, asked for {i}")
