@@ -138,3 +138,50 @@ def test_eval_model_takes_every_export_format(runs):
     with pytest.raises(ExportError, match="training state"):
         evaluate_model("tiny-t2i", weights=str(sorted((runs / "lora" / "checkpoints").glob("checkpoint_*"))[-1]
                                                / "model.safetensors"), **kw)
+
+
+# Non-default settings for each stock pipeline (its defaults: 7.0 / 5.0 CFG, FLUX's embedded 3.5, the tiny builds' 32 px,
+# Wan's 480 x 832 px x 81 frames), so that a setting the export failed to record would change the sample.
+CALL_CASES = {"sdxl-tiny": dict(resolution=16, cfg=2.0), "sd3-tiny": dict(resolution=16, cfg=2.0),
+              "flux-tiny": dict(resolution=16, cfg=1.0, embedded=5.0), "wan-tiny": dict(resolution=16, cfg=2.0)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("model", list(CALL_CASES))
+def test_a_full_export_alone_reproduces_our_deterministic_sample(model, cache, tmp_path):
+    """A full export written from a loaded model at non-default settings (size, CFG, FLUX's embedded guidance), read
+    back by plain diffusers from the folder and export.json only (the scheduler/ and `pipeline_call`; the noise from one
+    seeded generator per sample, as eval draws it), samples what our deterministic sampler samples."""
+    import diffusers
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.export import sampling_settings, write_export
+
+    case, steps, seeds = CALL_CASES[model], 2, [3, 11]
+    pipe = load_pipeline(model, resolution=case["resolution"])
+    pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=case.get("embedded", 3.5),
+                                                                 num_frames=0))))
+    out = str(tmp_path / "export")
+    write_export(pipe, pipe.unet, pipe.unet.state_dict(), out, False, sampling_settings(pipe, steps, case["cfg"]))
+    info = json.load(open(os.path.join(out, "export.json")))
+    assert info["height"] == info["width"] == case["resolution"] and info["guidance_scale"] == case["cfg"]
+    if "embedded" in case:
+        assert info["embedded_guidance"] == case["embedded"] == info["pipeline_call"]["guidance_scale"]
+    settings = SamplerSettings(family=pipe.family, eta=1.0, guidance_scale=case["cfg"])
+    with torch.no_grad():
+        emb = torch.cat([pipe.encode([p]) for p in PROMPTS[:2]])
+        neg = pipe.encode([""]).expand(2, -1, -1) if case["cfg"] != 1.0 else None
+        want = pipeline_with_logprob(pipe.unet, pipe.scheduler, settings, emb, neg, num_inference_steps=steps,
+                                     sample_shape=pipe.sample_shape, generator=[torch.Generator().manual_seed(s)
+                                                                                for s in seeds],
+                                     vae=pipe.vae, deterministic=True).images
+        scheduler = getattr(diffusers, info["scheduler"]).from_pretrained(out, subfolder="scheduler")
+        plain = diffusers.DiffusionPipeline.from_pretrained(out, scheduler=scheduler)
+        result = plain(prompt=PROMPTS[:2], generator=[torch.Generator().manual_seed(s) for s in seeds],
+                       output_type="pt", **info["pipeline_call"])
+    got = result.frames if model.startswith("wan") else result.images
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= 1e-5

@@ -229,6 +229,21 @@ class FluxAdapter(ModelAdapter):
             return f"resolution {resolution} must be a positive multiple of {step} px (VAE x 2x2 packing) for FLUX"
         return ""
 
+    def pipeline_call(self, pipe: LoadedPipeline, num_inference_steps: int, guidance_scale: float) -> dict:
+        """FluxPipeline's names: `guidance_scale` is the embedded guidance (pretrained.embedded_guidance), true CFG
+        is `true_cfg_scale` with the empty negative prompt (FluxPipeline applies it only when one is given); the T5
+        length the run encoded with. The export's scheduler is the folder's dynamic-shift one: height and width
+        give FluxPipeline the mu of the run's static shift."""
+        call = super().pipeline_call(pipe, num_inference_steps, guidance_scale)
+        call.update(guidance_scale=float(pipe.unet.guidance), max_sequence_length=self.max_sequence_length(pipe))
+        if guidance_scale != 1.0:
+            call.update(true_cfg_scale=float(guidance_scale), negative_prompt="")
+        return call
+
+    def export_settings(self, pipe: LoadedPipeline) -> dict:
+        """The embedded guidance the transformer was fed (None: the model has no guidance embedding)."""
+        return {"embedded_guidance": float(pipe.unet.guidance) if pipe.unet.config.guidance_embeds else None}
+
     def max_sequence_length(self, pipe: LoadedPipeline) -> int:
         return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_2"].model_max_length))
 

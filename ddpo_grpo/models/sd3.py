@@ -173,6 +173,11 @@ class SD3Adapter(ModelAdapter):
                     f"this SD3 model (native: {tcfg['sample_size'] * vae_scale_factor(vcfg)} px)")
         return ""
 
+    def pipeline_call(self, pipe: LoadedPipeline, num_inference_steps: int, guidance_scale: float) -> dict:
+        """The base call with the T5 length the run encoded with."""
+        return dict(super().pipeline_call(pipe, num_inference_steps, guidance_scale),
+                    max_sequence_length=self.max_sequence_length(pipe))
+
     def max_sequence_length(self, pipe: LoadedPipeline) -> int:
         return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_3"].model_max_length))
 

@@ -147,6 +147,13 @@ class WanAdapter(ModelAdapter):
                 raise ConfigError(f"pretrained.num_frames: {why}")
             pipe.num_frames = frames
 
+    def pixel_size(self, pipe) -> tuple:
+        return int(pipe.height), int(pipe.width)
+
+    def pipeline_call(self, pipe, num_inference_steps: int, guidance_scale: float) -> dict:
+        """The base call with the frames (WanPipeline's default 81 and 480 x 832 px are not the run's unless set)."""
+        return dict(super().pipeline_call(pipe, num_inference_steps, guidance_scale), num_frames=int(pipe.num_frames))
+
     def export_settings(self, pipe) -> dict:
         return {"num_frames": int(pipe.num_frames), "height": int(pipe.height), "width": int(pipe.width)}
 
