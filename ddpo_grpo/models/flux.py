@@ -22,9 +22,8 @@ latent channels and a shift_factor; a FlowMatchEulerDiscreteScheduler (the flow 
   1024 for FLUX.1): the transformer has no sample size.
 
 To sample a trained export with plain diffusers as the run sampled: `FluxPipeline.from_pretrained(export)` (full) or
-the base folder + `load_lora_weights(export)` (LoRA), then `pipe(prompt, height=res, width=res,
-num_inference_steps=sample.num_steps, guidance_scale=pretrained.embedded_guidance,
-max_sequence_length=min(512, pipe.tokenizer_2.model_max_length))`.
+the base folder + `load_lora_weights(export)` (LoRA), then `pipe(prompt, **export.json["pipeline_call"])`: height =
+width = res, num_inference_steps, guidance_scale = the embedded guidance, max_sequence_length (pipeline_call).
 
 `build_tiny(out_dir)`: the same classes at test size ("flux-tiny", 32x32 px). `build_flux_dev_random`: FLUX.1-dev's
 shapes with seeded random weights for GPU benchmarks, made directly on the device in the target dtype (or on the

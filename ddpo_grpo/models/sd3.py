@@ -8,7 +8,8 @@ Flow-GRPO's SDE).
   (base.pack_condition); `SD3Denoiser` unpacks them for the transformer.
 - T5's sequence length is diffusers' default (256), or the T5 tokenizer's model_max_length where that is shorter
   (the tiny build's 16 tokens): a diffusers user gets the trained condition with
-  `pipe(..., max_sequence_length=min(256, pipe.tokenizer_3.model_max_length))`.
+  `pipe(..., max_sequence_length=min(256, pipe.tokenizer_3.model_max_length))`, which an export's
+  export.json records in `pipeline_call`.
 - latent size: the transformer's sample_size (128: 1024 px for SD3-Medium / 3.5), or pretrained.resolution / 8
   (e.g. 512 px, as Flow-GRPO trains SD3.5-Medium); `check_resolution` says which sizes the model takes.
 
