@@ -159,13 +159,15 @@ def test_eval_model_takes_every_export_format(runs):
 
 # Non-default settings for each stock pipeline (its defaults: 7.0 / 5.0 CFG, FLUX's embedded 3.5, the tiny builds' 32 px,
 # Wan's 480 x 832 px x 81 frames), so that a setting the export failed to record would change the sample.
-CALL_CASES = {"sdxl-tiny": dict(resolution=16, cfg=2.0), "sd3-tiny": dict(resolution=16, cfg=2.0),
-              "flux-tiny": dict(resolution=16, cfg=1.0, embedded=5.0), "wan-tiny": dict(resolution=16, cfg=2.0)}
+CALL_CASES = {"sdxl": ("sdxl-tiny", dict(resolution=16, cfg=2.0)), "sd3": ("sd3-tiny", dict(resolution=16, cfg=2.0)),
+              "flux": ("flux-tiny", dict(resolution=16, cfg=1.0, embedded=5.0)),
+              "flux_true_cfg": ("flux-tiny", dict(resolution=16, cfg=2.0, embedded=5.0)),  # FluxPipeline's true_cfg_scale
+              "wan": ("wan-tiny", dict(resolution=16, cfg=2.0))}
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("model", list(CALL_CASES))
-def test_a_full_export_alone_reproduces_our_deterministic_sample(model, cache, tmp_path):
+@pytest.mark.parametrize("case", list(CALL_CASES))
+def test_a_full_export_alone_reproduces_our_deterministic_sample(case, cache, tmp_path):
     """A full export written from a loaded model at non-default settings (size, CFG, FLUX's embedded guidance), read
     back by plain diffusers from the folder and export.json only (the scheduler/ and `pipeline_call`; the noise from one
     seeded generator per sample, as eval draws it), samples what our deterministic sampler samples."""
@@ -177,7 +179,7 @@ def test_a_full_export_alone_reproduces_our_deterministic_sample(model, cache, t
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.export import sampling_settings, write_export
 
-    case, steps, seeds = CALL_CASES[model], 2, [3, 11]
+    (model, case), steps, seeds = CALL_CASES[case], 2, [3, 11]
     pipe = load_pipeline(model, resolution=case["resolution"])
     pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=case.get("embedded", 3.5),
                                                                  num_frames=0))))
