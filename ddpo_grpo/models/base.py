@@ -200,13 +200,16 @@ class ModelAdapter:
     def pipeline_call(self, pipe: LoadedPipeline, num_inference_steps: int, guidance_scale: float) -> dict:
         """The keyword arguments of `pipeline_class`'s __call__ (beside the prompts and the noise: latents or one
         seeded generator per sample) that sample as the run's deterministic eval does with the export's scheduler:
-        steps, true CFG, size, and DDIM's eta 0 (a flow scheduler steps the ODE: nothing to set). Recorded in
-        export.json ("pipeline_call"). Architectures whose call takes more (FLUX's embedded guidance, the T5 length,
-        Wan's frames) extend it."""
+        steps, true CFG, size, and eta 0 where the scheduler's step takes one (DDIM; the pipelines pass `eta` only
+        then, as this rule; a flow scheduler steps the ODE: nothing to set). Recorded in export.json
+        ("pipeline_call"). Architectures whose call takes more (FLUX's embedded guidance, the T5 length, Wan's
+        frames) extend it."""
+        import inspect
+
         h, w = self.pixel_size(pipe)
         call = dict(num_inference_steps=int(num_inference_steps), guidance_scale=float(guidance_scale), height=h,
                     width=w)
-        if pipe.family == "ddim":
+        if "eta" in inspect.signature(pipe.scheduler.step).parameters:
             call["eta"] = 0.0
         return call
 
