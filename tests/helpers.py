@@ -123,3 +123,46 @@ def policy_from_checkpoint(model: str, ckpt: str, lora: bool, **load_kw):
         pipe.adapter.lora_target_modules)
     pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
     return pipe
+
+
+# Plain diffusers, nothing of ours, and nothing passed by hand but the prompts and the seeds: each export's own files
+# and export.json decide the pipeline (DiffusionPipeline reads model_index.json: the export's own, or for a LoRA its
+# base's), the scheduler (the export's scheduler/), the weights and every sampling setting (export.json's
+# pipeline_call: steps, CFG, size, frames, embedded guidance, eta); the noise is one seeded generator per sample, as
+# the trainer's eval draws it. Writes {export: {"samples", "pipeline", "scheduler"}, "loaded": ddpo modules imported}.
+PLAIN_EXPORT = r'''
+import json, sys, torch, diffusers
+data, results = torch.load(sys.argv[1]), {}
+for export in sys.argv[3:]:
+    info = json.load(open(f"{export}/export.json"))
+    scheduler = getattr(diffusers, info["scheduler"]).from_pretrained(export, subfolder="scheduler")
+    pipe = diffusers.DiffusionPipeline.from_pretrained(info["base_model_path"] if info["lora"] else export,
+                                                       scheduler=scheduler)
+    if info["lora"]:
+        pipe.load_lora_weights(export)
+    with torch.no_grad():
+        out = pipe(prompt=data["prompts"], generator=[torch.Generator().manual_seed(s) for s in data["seeds"]],
+                   output_type="pt", **info["pipeline_call"])
+    results[export] = {"samples": out.frames if hasattr(out, "frames") else out.images,
+                       "pipeline": type(pipe).__name__, "scheduler": type(pipe.scheduler).__name__}
+results["loaded"] = sorted(m for m in sys.modules if m.startswith("ddpo"))
+torch.save(results, sys.argv[2])
+'''
+
+
+def start_plain_export(exports, prompts, seeds, tmp_path, env) -> subprocess.Popen:
+    """PLAIN_EXPORT over `exports` in a fresh process (output to tmp_path/plain.log), running while the caller samples
+    the policy; finish_plain_export collects it."""
+    torch.save({"prompts": list(prompts), "seeds": list(seeds)}, tmp_path / "plain_data.pt")
+    log = open(tmp_path / "plain.log", "w")  # a file: a pipe nobody reads while the child runs would fill
+    return subprocess.Popen([sys.executable, "-c", PLAIN_EXPORT, str(tmp_path / "plain_data.pt"),
+                             str(tmp_path / "plain_out.pt"), *(str(e) for e in exports)],
+                            cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish_plain_export(proc: subprocess.Popen, tmp_path, timeout: float = 180) -> dict:
+    proc.wait(timeout=timeout)
+    assert proc.returncode == 0, (tmp_path / "plain.log").read_text()[-3000:]
+    got = torch.load(tmp_path / "plain_out.pt")
+    assert got["loaded"] == []  # plain diffusers: nothing of ddpo_grpo was imported
+    return got

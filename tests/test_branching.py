@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from config import base
 from ddpo_grpo.core.branching import BranchSpec, tree_advantages
 from ddpo_grpo.core.families import get_family
-from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+from ddpo_grpo.core.pipeline_with_logprob import decode, pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings, denoiser_output, policy_step
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
 from ddpo_grpo.errors import ConfigError, VerificationError
@@ -158,7 +158,13 @@ def test_a_two_level_tree_rescored_is_ratio_one_and_shares_its_trunks(family):
     t1 = sched.timesteps[1].expand(B)
     out = denoiser_output(unet, x[:, 1], t1, emb, neg, settings.guidance_scale)
     torch.testing.assert_close(fam.ode_step(sched, out, t1, torch.full((B,), 1), x[:, 1]), x[:, 2], rtol=0, atol=1e-5)
-    assert torch.equal(x[:, 4], x[:, 4]) and x[:, 4].shape == x[:, 0].shape  # the final sample is the last state
+    # the last step (3) is the ODE too: it takes the split's output (state 3) to the final sample, which is what the
+    # images decode (pixel model: x in [-1, 1])
+    t3 = sched.timesteps[3].expand(B)
+    out = denoiser_output(unet, x[:, 3], t3, emb, neg, settings.guidance_scale)
+    torch.testing.assert_close(fam.ode_step(sched, out, t3, torch.full((B,), 3), x[:, 3]), x[:, 4], rtol=0, atol=1e-5)
+    torch.testing.assert_close(traj.images, decode(None, x[:, 4]), rtol=0, atol=0)
+    assert (decode(None, x[:, 3]) - traj.images).abs().max() > 1e-3  # so images of the state before would fail
 
 
 def test_sampler_refuses_rows_that_are_not_whole_trees():

@@ -1,5 +1,6 @@
 """Forward-process objectives (train.objective raft / nft) and pass@k: exact values by hand, and the trainer
 end to end with each objective."""
+import json
 import os
 import sys
 
@@ -94,7 +95,7 @@ def trainer_runs(request, tmp_path_factory):
                "--config.sample.num_steps=4", "--config.sample.batch_size=8", "--config.sample.num_batches_per_epoch=2",
                "--config.sample.k=4", "--config.train.batch_size=8", "--config.eval_freq=1", "--config.eval.num_samples=8",
                "--config.eval.pass_at_k=2", "--config.logging.wandb=False", "--config.logging.image_freq=0",
-               "--config.save_freq=0"]
+               "--config.save_freq=0", "--config.logging.debug_dump=True"]
         if objective == "nft":  # with DiffusionNFT's soft-updated sampling policy, saved in the checkpoint
             cmd += ["--config.train.nft_old_decay=0.5", "--config.save_freq=1"]
         jobs.append(dict(args=cmd, cwd=ROOT, env=env))
@@ -107,8 +108,17 @@ def test_trainer_runs_each_forward_objective(trainer_runs, objective):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "GRPO check: 16 samples = 4 conditions x k=4 (exact)" in p.stdout
     assert "pass_at_2" in p.stdout and "epoch 0: reward" in p.stdout
+    logdir = next(a for a in p.args if a.startswith("--config.logdir=")).split("=", 1)[1]
+    (h,) = json.load(open(os.path.join(logdir, "r", "summary.json")))["history"]
+    assert h["train"]["loss"] > 0 and h["train"]["grad_norm"] > 0
+    if objective == "raft":  # best-of-N: exactly one chosen sample per group with any reward spread (the groups
+        # whose advantages are not zeroed), read off the epoch's dump
+        dump = json.load(open(os.path.join(logdir, "r", "debug", "epoch_0000_rank_0.json")))
+        keys = np.array(dump["keys_all"])
+        adv = np.abs(np.array(dump["advantages_all"])).reshape(len(keys), -1)
+        spread = sum(bool(adv[keys == k].max() > 0) for k in np.unique(keys))
+        assert 0 < spread < len(keys) and h["train"]["chosen_samples"] == spread
     if objective == "nft":  # run state, stat tracker and theta_old registered for checkpointing
-        logdir = next(a for a in p.args if a.startswith("--config.logdir=")).split("=", 1)[1]
         ckpt = os.path.join(logdir, "r", "checkpoints", "checkpoint_00001")
         assert sorted(f for f in os.listdir(ckpt) if f.startswith("custom_checkpoint")) == [
             f"custom_checkpoint_{i}.pkl" for i in range(3)]

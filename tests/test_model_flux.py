@@ -7,48 +7,22 @@ loop reproduces the trained policy's deterministic sample. Also the FLUX.1-dev r
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_env, policy_from_checkpoint, train_modes
+from helpers import cpu_env, finish_plain_export, policy_from_checkpoint, start_plain_export, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, GUIDANCE, RES = 4, 3.5, 32
-RUN = [f"--config.sample.num_steps={STEPS}", f"--config.pretrained.embedded_guidance={GUIDANCE}",
+EMBEDDED = 5.0  # the runs' embedded guidance: not FluxPipeline's default 3.5, so an export that lost it would fail
+RUN = [f"--config.sample.num_steps={STEPS}", f"--config.pretrained.embedded_guidance={EMBEDDED}",
        "--config.num_epochs=2", "--config.save_freq=1", "--config.num_checkpoint_limit=5", "--config.eval_freq=0",
        "--config.sample.batch_size=4", "--config.train.batch_size=4", "--config.logging.wandb=False",
        "--config.logging.tensorboard=False", "--config.logging.image_freq=0", "--config.train.timestep_fraction=1.0"]
 MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"]}
 PROMPTS = ["a red circle on the left", "a blue square in the middle", "a green triangle on the right"]
-
-# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded, and the stock pipeline's
-# __call__ samples (its own mu / sigmas for the resolution, packed latents and ids, embedded guidance, flow-matching
-# Euler, unpacking, VAE decode with shift_factor). x_T is given unpacked and packed here as FluxPipeline packs.
-PLAIN = r'''
-import json, sys, torch
-from diffusers import FluxPipeline
-data_path, out_path, exports = sys.argv[1], sys.argv[2], sys.argv[3:]
-data, images = torch.load(data_path), []
-x = data["x_T"]
-for export in exports:
-    info = json.load(open(f"{export}/export.json"))
-    if info["lora"]:
-        pipe = FluxPipeline.from_pretrained(info["base_model_path"])
-        pipe.load_lora_weights(export)
-    else:
-        pipe = FluxPipeline.from_pretrained(export)
-    with torch.no_grad():
-        images.append(pipe(prompt=data["prompts"], latents=FluxPipeline._pack_latents(x, *x.shape),
-                           height=data["res"], width=data["res"], num_inference_steps=info["num_inference_steps"],
-                           guidance_scale=data["guidance"], output_type="pt",
-                           max_sequence_length=min(512, pipe.tokenizer_2.model_max_length)).images)
-torch.save({"images": images, "loaded": sorted(m for m in sys.modules if m.startswith("ddpo"))}, out_path)
-'''
-
 
 @pytest.fixture(scope="module")
 def tiny(cache):
@@ -291,26 +265,33 @@ def runs(tmp_path_factory, cache):
     return train_modes(tmp, "flux_tiny", cache, RUN, MODES)
 
 
-def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+def trained_policy_sample(ckpt: str, lora: bool) -> torch.Tensor:
     """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, no CFG,
-    the embedded guidance) by our sampler."""
+    the run's embedded guidance) by our sampler, from one seeded generator per sample as eval draws it."""
     from ml_collections import ConfigDict
 
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
 
     pipe = policy_from_checkpoint("flux-tiny", ckpt, lora, resolution=RES)
-    pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=GUIDANCE))))
+    pipe.adapter.configure(pipe, ConfigDict(dict(pretrained=dict(embedded_guidance=EMBEDDED))))
     with torch.no_grad():
         emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb,
-                                 num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae, deterministic=True)
+                                 num_inference_steps=STEPS, sample_shape=pipe.sample_shape, vae=pipe.vae,
+                                 generator=[torch.Generator().manual_seed(s) for s in SEEDS], deterministic=True)
     return traj.images
+
+
+SEEDS = [7, 8, 9]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(runs, mode, tmp_path, cache):
+    """The export alone (PLAIN_EXPORT: its files and export.json, nothing but prompts and seeds passed by hand; FluxPipeline's
+    own __call__ with the folder's dynamic-shift scheduler at the recorded size, the recorded embedded guidance)
+    reproduces the trained policy's deterministic sample."""
     run = runs / mode
     history = json.load(open(run / "summary.json"))["history"]
     assert [h["epoch"] for h in history] == [0, 1]
@@ -321,34 +302,30 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
     assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
     lora = mode == "lora"
     export_files = sorted(os.listdir(run / "export"))
-    if lora:  # diffusers' FLUX LoRA file: transformer.<module>.lora_A/B.weight
-        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+    if lora:  # diffusers' FLUX LoRA file: transformer.<module>.lora_A/B.weight, and the scheduler to sample with
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors", "scheduler"]
         keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
         assert keys and all(k.startswith("transformer.") and ".lora_" in k and "base_layer" not in k for k in keys)
         assert any(".attn.add_q_proj.lora_A." in k for k in keys) and any("single_transformer_blocks.0.attn.to_q.lora_B."
                                                                           in k for k in keys)
-    else:  # a complete FluxPipeline folder, with the folder's own (dynamic-shift) scheduler
+    else:  # a complete FluxPipeline folder
         assert export_files == ["export.json", "model_index.json", "scheduler", "text_encoder", "text_encoder_2",
                                 "tokenizer", "tokenizer_2", "transformer", "vae"]
-        sched = json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))
-        assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["use_dynamic_shifting"]
-    x_T = torch.randn((len(PROMPTS), 16, 8, 8), generator=torch.Generator().manual_seed(7))
+    # the folder's own (dynamic-shift) scheduler: FluxPipeline computes the run's shift from the recorded size
+    sched = json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))
+    assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["use_dynamic_shifting"]
     # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one fresh process
     pairs = ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0]))
     for export, ckpt in pairs:
         info = json.load(open(export / "export.json"))
         assert info["epoch"] == int(ckpt.name[-5:]) and info["guidance_scale"] == 1.0
-    data, out = tmp_path / "data.pt", tmp_path / "out.pt"
-    torch.save({"x_T": x_T, "prompts": PROMPTS, "res": RES, "guidance": GUIDANCE}, data)
-    p = subprocess.run([sys.executable, "-c", PLAIN, str(data), str(out), *(str(e) for e, _ in pairs)],
-                       cwd=str(tmp_path), env=cpu_env(DDPO_GRPO_TINY_CACHE=cache), capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = torch.load(out)
-    assert got["loaded"] == [] and len(got["images"]) == 2  # plain diffusers: nothing of ddpo_grpo was imported
-    for images, (_, ckpt) in zip(got["images"], pairs):
-        assert images.shape == (3, 3, RES, RES)
-        assert (images - trained_policy_sample(str(ckpt), lora, x_T)).abs().max().item() <= 1e-5
+        assert info["embedded_guidance"] == EMBEDDED and (info["height"], info["width"]) == (RES, RES)
+    proc = start_plain_export([e for e, _ in pairs], PROMPTS, SEEDS, tmp_path, cpu_env(DDPO_GRPO_TINY_CACHE=cache))
+    wants = [trained_policy_sample(str(ckpt), lora) for _, ckpt in pairs]
+    got = finish_plain_export(proc, tmp_path)
+    for (export, _), want in zip(pairs, wants):
+        assert got[str(export)]["pipeline"] == "FluxPipeline"
+        assert got[str(export)]["samples"].shape == want.shape == (3, 3, RES, RES)
+        assert (got[str(export)]["samples"] - want).abs().max().item() <= 1e-5
     # training moved the policy: the two checkpoints sample different images, so the comparison above could fail
-    base = trained_policy_sample(str(ckpts[0]), lora, x_T)
-    assert (trained_policy_sample(str(ckpts[-1]), lora, x_T) - base).abs().max().item() > 1e-4
+    assert (wants[0] - wants[1]).abs().max().item() > 1e-4

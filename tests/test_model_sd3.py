@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from helpers import cpu_env, policy_from_checkpoint, train_modes
+from helpers import cpu_env, finish_plain_export, policy_from_checkpoint, start_plain_export, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,28 +25,6 @@ MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"]
          # trees on the latent model (issue 29): one split at step 1 of 4 into K = 2, the flow ODE elsewhere
          "branch": ["--config.use_lora=True", "--config.sample.branch_steps=(1,)", "--config.sample.branches=2"]}
 PROMPTS = ["a red circle on the left", "a blue square in the middle", "a green triangle on the right"]
-
-# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded, and the stock pipeline's
-# __call__ samples (flow ODE, CFG with the empty negative prompt, VAE decode with shift_factor).
-PLAIN = r'''
-import json, sys, torch
-from diffusers import StableDiffusion3Pipeline
-data_path, out_path, *exports = sys.argv[1:]
-data, images = torch.load(data_path), []
-for export in exports:
-    info = json.load(open(f"{export}/export.json"))
-    if info["lora"]:
-        pipe = StableDiffusion3Pipeline.from_pretrained(info["base_model_path"])
-        pipe.load_lora_weights(export)
-    else:
-        pipe = StableDiffusion3Pipeline.from_pretrained(export)
-    with torch.no_grad():
-        images.append(pipe(prompt=data["prompts"], latents=data["x_T"], num_inference_steps=info["num_inference_steps"],
-                           guidance_scale=info["guidance_scale"], output_type="pt",
-                           max_sequence_length=min(256, pipe.tokenizer_3.model_max_length)).images)
-torch.save({"images": images, "loaded": sorted(m for m in sys.modules if m.startswith("ddpo"))}, out_path)
-'''
-
 
 @pytest.fixture(scope="module")
 def tiny(cache):
@@ -257,9 +235,9 @@ def runs(tmp_path_factory, cache):
     return train_modes(tmp, "sd3_tiny", cache, RUN, MODES)
 
 
-def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+def trained_policy_sample(ckpt: str, lora: bool) -> torch.Tensor:
     """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, CFG
-    with the empty prompt's condition as the trainer does) by our sampler."""
+    with the empty prompt's condition as the trainer does) by our sampler, one seeded generator per sample as eval."""
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
 
@@ -268,14 +246,20 @@ def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Ten
         emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
         neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow", guidance_scale=GUIDANCE),
-                                 emb, neg, num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae,
-                                 deterministic=True)
+                                 emb, neg, num_inference_steps=STEPS, sample_shape=pipe.sample_shape, vae=pipe.vae,
+                                 generator=[torch.Generator().manual_seed(s) for s in SEEDS], deterministic=True)
     return traj.images
+
+
+SEEDS = [7, 8, 9]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["lora", "full"])
 def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(runs, mode, tmp_path, cache):
+    """The export alone (PLAIN_EXPORT: its files and export.json, nothing but prompts and seeds passed by hand;
+    StableDiffusion3Pipeline's own __call__: flow ODE, CFG with the empty negative prompt, VAE decode with
+    shift_factor) reproduces the trained policy's deterministic sample."""
     run = runs / mode
     history = json.load(open(run / "summary.json"))["history"]
     assert [h["epoch"] for h in history] == [0, 1]
@@ -286,34 +270,28 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
     assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
     lora = mode == "lora"
     export_files = sorted(os.listdir(run / "export"))
-    if lora:  # diffusers' SD3 LoRA file: transformer.<module>.lora_A/B.weight
-        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+    if lora:  # diffusers' SD3 LoRA file: transformer.<module>.lora_A/B.weight, and the scheduler to sample with
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors", "scheduler"]
         keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
         assert keys and all(k.startswith("transformer.") and ".lora_" in k and "base_layer" not in k for k in keys)
         assert any(".attn.add_q_proj.lora_A." in k for k in keys) and any(".attn.to_q.lora_B." in k for k in keys)
     else:  # a complete StableDiffusion3Pipeline folder
         assert export_files == ["export.json", "model_index.json", "scheduler", "text_encoder", "text_encoder_2",
                                 "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3", "transformer", "vae"]
-    x_T = torch.randn((len(PROMPTS), 16, 8, 8), generator=torch.Generator().manual_seed(7))
     # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one plain process that runs while
     # this one samples the policy
     pairs = ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0]))
     for export, ckpt in pairs:
         info = json.load(open(export / "export.json"))
         assert info["epoch"] == int(ckpt.name[-5:]) and info["guidance_scale"] == GUIDANCE
-    data, out = tmp_path / "data.pt", tmp_path / "out.pt"
-    torch.save({"x_T": x_T, "prompts": PROMPTS}, data)
-    with open(tmp_path / "plain.log", "w") as log:  # a file: a pipe nobody reads while the child runs would fill
-        p = subprocess.Popen([sys.executable, "-c", PLAIN, str(data), str(out), *(str(e) for e, _ in pairs)],
-                             cwd=str(tmp_path), env=cpu_env(), stdout=log, stderr=subprocess.STDOUT)
-        wants = [trained_policy_sample(str(ckpt), lora, x_T) for _, ckpt in pairs]
-        p.wait(timeout=180)
-    assert p.returncode == 0, (tmp_path / "plain.log").read_text()[-3000:]
-    got = torch.load(out)
-    assert got["loaded"] == []  # plain diffusers: nothing of ddpo_grpo was imported
-    for images, want in zip(got["images"], wants):
-        assert images.shape == (3, 3, 32, 32)
-        assert (images - want).abs().max().item() <= 1e-5
+        assert info["pipeline_call"]["guidance_scale"] == GUIDANCE and info["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+    proc = start_plain_export([e for e, _ in pairs], PROMPTS, SEEDS, tmp_path, cpu_env())
+    wants = [trained_policy_sample(str(ckpt), lora) for _, ckpt in pairs]
+    got = finish_plain_export(proc, tmp_path)
+    for (export, _), want in zip(pairs, wants):
+        assert got[str(export)]["pipeline"] == "StableDiffusion3Pipeline"
+        assert got[str(export)]["samples"].shape == want.shape == (3, 3, 32, 32)
+        assert (got[str(export)]["samples"] - want).abs().max().item() <= 1e-5
     # training moved the policy: the two checkpoints sample different images, so the comparison above could fail
     assert (wants[0] - wants[1]).abs().max().item() > 1e-4
     # eval_model.py takes the export as --model, and the checkpoint as --weights over the base: decoded 32 px images
@@ -338,7 +316,8 @@ def test_branched_trees_train_the_latent_transformer_through_its_adapter(runs):
         assert 0.0 <= h["train"]["onpolicy_ratio_max_dev"] <= 1e-6 and h["train"]["grad_norm"] > 0
         assert h["nfe_per_sample"]["sampling"] == pytest.approx(p["nfe_per_sample"]["sampling"] * 7 / 8, rel=1e-12)
         assert h["nfe_per_sample"]["training"] < p["nfe_per_sample"]["training"] / 2
-    assert sorted(os.listdir(runs / "branch" / "export")) == ["export.json", "pytorch_lora_weights.safetensors"]
+    assert sorted(os.listdir(runs / "branch" / "export")) == ["export.json", "pytorch_lora_weights.safetensors",
+                                                               "scheduler"]
 
 
 def _start(tmp, name, cache, extra=()):

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
-GUIDANCE = 5.0
+GUIDANCE = 4.0  # not StableDiffusionXLPipeline's default (5.0): an export that lost it would fail
 RUN = ["--config.sample.num_steps=4", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
        "--config.sample.k=4", "--config.train.batch_size=4", "--config.eval_freq=0", "--config.logging.wandb=False",
        "--config.logging.tensorboard=False", "--config.logging.image_freq=0",
@@ -25,40 +25,43 @@ RUN = ["--config.sample.num_steps=4", "--config.sample.batch_size=4", "--config.
 MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"]}
 PROMPTS = ["a red circle on the left", "a blue square in the middle", "a green triangle on the right"]
 
-# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded. The deterministic sample
-# twice: a DDIM eta-0 loop over the pipeline's UNet call (added_cond_kwargs, [negative, prompt] guidance rows), and the
-# stock pipeline's own __call__ with the same DDIM scheduler and x_T.
+# Plain diffusers, nothing of ours, and nothing passed by hand but the prompts and seeds: the export's own files and
+# export.json decide what is loaded and how it samples (the export's DDIM scheduler, a LoRA's too: the base folder
+# holds Euler; steps, CFG, size, eta from pipeline_call), the noise one seeded generator per sample as eval draws it.
+# The deterministic sample twice: a DDIM loop over the pipeline's UNet call (added_cond_kwargs, [negative, prompt]
+# guidance rows), and the stock pipeline's own __call__.
 PLAIN = r'''
-import json, sys, torch
-from diffusers import DDIMScheduler, StableDiffusionXLPipeline
+import json, sys, torch, diffusers
+from diffusers import StableDiffusionXLPipeline
 data = torch.load(sys.argv[1])
-prompts, x_T, g = data["prompts"], data["x_T"], data["guidance"]
+prompts = data["prompts"]
 results = {}
 for export in sys.argv[2:]:
     info = json.load(open(f"{export}/export.json"))
+    call = info["pipeline_call"]
+    scheduler = getattr(diffusers, info["scheduler"]).from_pretrained(export, subfolder="scheduler")
+    pipe = StableDiffusionXLPipeline.from_pretrained(info["base_model_path"] if info["lora"] else export,
+                                                     scheduler=scheduler, local_files_only=True)
     if info["lora"]:
-        pipe = StableDiffusionXLPipeline.from_pretrained(info["base_model_path"], local_files_only=True)
         pipe.load_lora_weights(export)
-    else:
-        pipe = StableDiffusionXLPipeline.from_pretrained(export, local_files_only=True)
-    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)  # a full export's is DDIM already
-    steps, size = info["num_inference_steps"], pipe.default_sample_size * pipe.vae_scale_factor
+    g, size = call["guidance_scale"], (call["height"], call["width"])
+    gens = lambda: [torch.Generator().manual_seed(s) for s in data["seeds"]]
     with torch.no_grad():
         emb, neg, pooled, neg_pooled = pipe.encode_prompt(prompts, device="cpu", do_classifier_free_guidance=True)
-        time_ids = pipe._get_add_time_ids((size, size), (0, 0), (size, size), dtype=emb.dtype,
+        time_ids = pipe._get_add_time_ids(size, (0, 0), size, dtype=emb.dtype,
                                           text_encoder_projection_dim=pooled.shape[-1]).repeat(2 * len(prompts), 1)
         added = {"text_embeds": torch.cat([neg_pooled, pooled]), "time_ids": time_ids}
-        pipe.scheduler.set_timesteps(steps)
-        x = x_T
+        pipe.scheduler.set_timesteps(call["num_inference_steps"])
+        shape = (pipe.unet.config.in_channels, size[0] // pipe.vae_scale_factor, size[1] // pipe.vae_scale_factor)
+        x = torch.stack([torch.randn(shape, generator=gen) for gen in gens()])
         for t in pipe.scheduler.timesteps:
             out = pipe.unet(torch.cat([x, x]), t, encoder_hidden_states=torch.cat([neg, emb]),
                             added_cond_kwargs=added).sample
             uncond, cond = out.chunk(2)
-            x = pipe.scheduler.step(uncond + g * (cond - uncond), t, x, eta=0.0).prev_sample
+            x = pipe.scheduler.step(uncond + g * (cond - uncond), t, x, eta=call["eta"]).prev_sample
         loop = (pipe.vae.decode(x / pipe.vae.config.scaling_factor).sample / 2 + 0.5).clamp(0, 1)
-        call = pipe(prompts, num_inference_steps=steps, guidance_scale=g, eta=0.0, latents=x_T.clone(), height=size,
-                    width=size, output_type="pt").images
-    results[export] = {"loop": loop, "call": call,
+        result = pipe(prompts, generator=gens(), output_type="pt", **call).images
+    results[export] = {"loop": loop, "call": result, "scheduler": type(pipe.scheduler).__name__,
                        "neg_zero": bool(neg.abs().max() == 0 and neg_pooled.abs().max() == 0)}
 results["loaded"] = sorted(m for m in sys.modules if m.startswith("ddpo"))
 torch.save(results, data["out"])
@@ -199,9 +202,10 @@ def test_training_is_on_policy(runs, mode):
     assert all(h["train"]["onpolicy_ratio_max_dev"] <= 1e-6 for h in history)
 
 
-def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+def trained_policy_sample(ckpt: str, lora: bool) -> torch.Tensor:
     """The trained policy, rebuilt from the checkpoint's training state as the trainer holds it, sampled
-    deterministically (DDIM eta 0, guided by the empty prompt's condition) by our sampler."""
+    deterministically (DDIM eta 0, guided by the empty prompt's condition) by our sampler, one seeded generator per
+    sample as eval draws them."""
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
 
@@ -211,9 +215,12 @@ def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Ten
         neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="ddim", eta=1.0,
                                                                             guidance_scale=GUIDANCE),
-                                 emb, neg, num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae,
-                                 deterministic=True)
+                                 emb, neg, num_inference_steps=STEPS, sample_shape=pipe.sample_shape, vae=pipe.vae,
+                                 generator=[torch.Generator().manual_seed(s) for s in SEEDS], deterministic=True)
     return traj.images
+
+
+SEEDS = [7, 8, 9]
 
 
 @pytest.mark.timeout(300)
@@ -224,8 +231,8 @@ def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, t
     assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
     lora = mode == "lora"
     export_files = sorted(os.listdir(run / "export"))
-    if lora:  # diffusers' SDXL LoRA file, not the whole peft-wrapped model
-        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+    if lora:  # diffusers' SDXL LoRA file, not the whole peft-wrapped model, and the scheduler the run sampled with
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors", "scheduler"]
         keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
         assert keys and all(k.startswith("unet.") and ".lora_" in k and "base_layer" not in k for k in keys)
         assert {k.split(".")[-3] for k in keys} == {"to_q", "to_k", "to_v", "0"}  # to_out.0
@@ -234,11 +241,12 @@ def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, t
                                 "tokenizer", "tokenizer_2", "unet", "vae"]
         index = json.load(open(run / "export" / "model_index.json"))
         assert index["_class_name"] == "StableDiffusionXLPipeline" and index["force_zeros_for_empty_prompt"] is True
-    x_T = torch.randn((len(PROMPTS), 4, 8, 8), generator=torch.Generator().manual_seed(7))
+    # the base folder holds SDXL's Euler config; the run sampled it as DDIM, which is what the export holds
+    assert json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))["_class_name"] == "DDIMScheduler"
     # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one plain process
     pairs = [(run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0])]
     data, out = tmp_path / "data.pt", tmp_path / "out.pt"
-    torch.save({"x_T": x_T, "prompts": PROMPTS, "guidance": GUIDANCE, "out": str(out)}, data)
+    torch.save({"seeds": SEEDS, "prompts": PROMPTS, "out": str(out)}, data)
     p = subprocess.run([sys.executable, "-c", PLAIN, str(data), *(str(e) for e, _ in pairs)], cwd=str(tmp_path),
                        env=cpu_env(), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -246,12 +254,13 @@ def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, t
     assert got["loaded"] == []  # plain diffusers: nothing of ddpo_grpo was imported
     wants = []
     for export, ckpt in pairs:
-        assert json.load(open(export / "export.json"))["epoch"] == int(ckpt.name[-5:])
-        want = trained_policy_sample(str(ckpt), lora, x_T)
+        info = json.load(open(export / "export.json"))
+        assert info["epoch"] == int(ckpt.name[-5:]) and info["pipeline_call"]["guidance_scale"] == GUIDANCE
+        want = trained_policy_sample(str(ckpt), lora)
         wants.append(want)
         assert want.shape == (3, 3, 32, 32)
         res = got[str(export)]
-        assert res["neg_zero"]  # the pipeline's negative is zeros, as ours
+        assert res["neg_zero"] and res["scheduler"] == "DDIMScheduler"  # the pipeline's negative is zeros, as ours
         assert (res["loop"] - want).abs().max().item() <= 1e-5  # measured ~1e-6
         assert (res["call"] - want).abs().max().item() <= 1e-5
     # the two checkpoints differ (training moved the model), so the comparison above could fail

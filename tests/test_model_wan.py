@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_env, policy_from_checkpoint, train_modes
+from helpers import cpu_env, finish_plain_export, policy_from_checkpoint, start_plain_export, train_modes
 from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS, GUIDANCE, SIZE, FRAMES = 4, 5.0, 32, 5
+STEPS, GUIDANCE, SIZE, FRAMES = 4, 4.0, 32, 5  # none of them WanPipeline's default (5.0, 480 x 832 px, 81 frames)
 LATENT = (16, 2, 4, 4)  # 16 channels, (5 - 1) / 4 + 1 latent frames, 32 / 8 px
 RUN = [f"--config.sample.num_steps={STEPS}", f"--config.sample.guidance_scale={GUIDANCE}", "--config.num_epochs=2",
        "--config.save_freq=1", "--config.num_checkpoint_limit=5", "--config.logging.wandb=False",
@@ -29,33 +29,6 @@ RUN = [f"--config.sample.num_steps={STEPS}", f"--config.sample.guidance_scale={G
 MODES = {"lora": ["--config.use_lora=True", "--config.eval_freq=2", "--config.logging.image_freq=1"],
          "full": ["--config.use_lora=False", "--config.eval_freq=0", "--config.logging.image_freq=0"]}
 PROMPTS = ["a red circle on the left", "a blue square in the center", "a green triangle on the right"]
-
-# Plain diffusers, nothing of ours: the export folder's own files decide what is loaded, and the stock pipeline's
-# __call__ samples (Euler ODE, CFG with the empty negative prompt, VAE decode with the per-channel statistics). A LoRA
-# applies to the base folder, whose scheduler is Wan's released UniPC config: the run sampled it as flow-matching
-# Euler at its flow_shift, which is what a user sets to get the trained policy's clips.
-PLAIN = r'''
-import json, sys, torch
-from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
-data_path, out_path, *exports = sys.argv[1:]
-data, videos = torch.load(data_path), []
-for export in exports:
-    info = json.load(open(f"{export}/export.json"))
-    if info["lora"]:
-        pipe = WanPipeline.from_pretrained(info["base_model_path"])
-        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config,
-                                                                     shift=pipe.scheduler.config.flow_shift)
-        pipe.load_lora_weights(export)
-    else:
-        pipe = WanPipeline.from_pretrained(export)
-    with torch.no_grad():
-        videos.append(pipe(prompt=data["prompts"], negative_prompt="", latents=data["x_T"], height=data["size"],
-                           width=data["size"], num_frames=data["frames"], guidance_scale=info["guidance_scale"],
-                           num_inference_steps=info["num_inference_steps"], output_type="pt").frames)
-torch.save({"videos": videos, "scheduler": type(pipe.scheduler).__name__,
-            "loaded": sorted(m for m in sys.modules if m.startswith("ddpo"))}, out_path)
-'''
-
 
 @pytest.fixture(scope="module")
 def tiny(cache):
@@ -279,9 +252,10 @@ def runs(tmp_path_factory, cache):
     return train_modes(tmp, "wan_tiny", cache, RUN, MODES)
 
 
-def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Tensor:
+def trained_policy_sample(ckpt: str, lora: bool) -> torch.Tensor:
     """The trained policy rebuilt from the checkpoint's training state, sampled deterministically (flow ODE, CFG
-    with the empty prompt's condition as the trainer does) by our sampler: frames (B, F, 3, H, W)."""
+    with the empty prompt's condition as the trainer does) by our sampler, one seeded generator per sample as eval:
+    frames (B, F, 3, H, W)."""
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
 
@@ -290,14 +264,20 @@ def trained_policy_sample(ckpt: str, lora: bool, x_T: torch.Tensor) -> torch.Ten
         emb = torch.cat([pipe.encode([p]) for p in PROMPTS])
         neg = pipe.encode([""]).expand(len(PROMPTS), -1, -1)
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow", guidance_scale=GUIDANCE),
-                                 emb, neg, num_inference_steps=STEPS, latents=x_T.clone(), vae=pipe.vae,
-                                 deterministic=True)
+                                 emb, neg, num_inference_steps=STEPS, sample_shape=pipe.sample_shape, vae=pipe.vae,
+                                 generator=[torch.Generator().manual_seed(s) for s in SEEDS], deterministic=True)
     return traj.images
+
+
+SEEDS = [7, 8, 9]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(runs, mode, tmp_path, cache):
+    """The export alone (PLAIN_EXPORT: its files and export.json, nothing but prompts and seeds passed by hand;
+    WanPipeline's own __call__ with the export's flow-matching Euler scheduler, a LoRA's included, at the recorded
+    size, frames and CFG) reproduces the trained policy's deterministic clip."""
     run = runs / mode
     summary = json.load(open(run / "summary.json"))
     history = summary["history"]
@@ -318,36 +298,33 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
     ckpts = sorted((run / "checkpoints").glob("checkpoint_*"))
     assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
     export_files = sorted(os.listdir(run / "export"))
-    if lora:  # diffusers' Wan LoRA file: transformer.<module>.lora_A/B.weight
-        assert export_files == ["export.json", "pytorch_lora_weights.safetensors"]
+    if lora:  # diffusers' Wan LoRA file: transformer.<module>.lora_A/B.weight, and the scheduler to sample with
+        assert export_files == ["export.json", "pytorch_lora_weights.safetensors", "scheduler"]
         keys = list(load_file(str(run / "export" / "pytorch_lora_weights.safetensors")))
         assert keys and all(k.startswith("transformer.") and ".lora_" in k and "base_layer" not in k for k in keys)
         assert any(".attn2.to_k.lora_A." in k for k in keys) and any(".ffn.net.2.lora_B." in k for k in keys)
     else:  # a complete WanPipeline folder
         assert export_files == ["export.json", "model_index.json", "scheduler", "text_encoder", "tokenizer",
                                 "transformer", "vae"]
-        sched = json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))
-        assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["shift"] == 3.0
-    x_T = torch.randn((len(PROMPTS), *LATENT), generator=torch.Generator().manual_seed(7))
+    # the run sampled the base's UniPC flow-sigma config as flow-matching Euler at its flow_shift: LoRA and full alike,
+    # the export's scheduler/ is that one (the base folder's UniPC would sample other clips)
+    sched = json.load(open(run / "export" / "scheduler" / "scheduler_config.json"))
+    assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["shift"] == 3.0
     # the end of the run (epoch 2) and the checkpoint in the middle (epoch 1), in one plain process that runs while
     # this one samples the policy
     pairs = ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0]))
     for export, ckpt in pairs:
         info = json.load(open(export / "export.json"))
         assert info["epoch"] == int(ckpt.name[-5:]) and info["guidance_scale"] == GUIDANCE
-    data, out = tmp_path / "data.pt", tmp_path / "out.pt"
-    torch.save({"x_T": x_T, "prompts": PROMPTS, "size": SIZE, "frames": FRAMES}, data)
-    with open(tmp_path / "plain.log", "w") as log:  # a file: a pipe nobody reads while the child runs would fill
-        p = subprocess.Popen([sys.executable, "-c", PLAIN, str(data), str(out), *(str(e) for e, _ in pairs)],
-                             cwd=str(tmp_path), env=cpu_env(), stdout=log, stderr=subprocess.STDOUT)
-        wants = [trained_policy_sample(str(ckpt), lora, x_T) for _, ckpt in pairs]
-        p.wait(timeout=180)
-    assert p.returncode == 0, (tmp_path / "plain.log").read_text()[-3000:]
-    got = torch.load(out)
-    assert got["loaded"] == [] and got["scheduler"] == "FlowMatchEulerDiscreteScheduler"  # nothing of ddpo_grpo
-    for videos, want in zip(got["videos"], wants):
-        assert videos.shape == (3, FRAMES, 3, SIZE, SIZE) == want.shape
-        assert (videos - want).abs().max().item() <= 1e-5
+        assert (info["num_frames"], info["height"], info["width"]) == (FRAMES, SIZE, SIZE)
+    proc = start_plain_export([e for e, _ in pairs], PROMPTS, SEEDS, tmp_path, cpu_env())
+    wants = [trained_policy_sample(str(ckpt), lora) for _, ckpt in pairs]
+    got = finish_plain_export(proc, tmp_path)
+    for (export, _), want in zip(pairs, wants):
+        res = got[str(export)]
+        assert res["pipeline"] == "WanPipeline" and res["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+        assert res["samples"].shape == want.shape == (3, FRAMES, 3, SIZE, SIZE)
+        assert (res["samples"] - want).abs().max().item() <= 1e-5
     # training moved the policy: the two checkpoints sample different clips, so the comparison above could fail
     assert (wants[0] - wants[1]).abs().max().item() > 1e-4
 

@@ -140,10 +140,23 @@ def test_aesthetic_tiny_clip_offline(tmp_path, monkeypatch):
 
     fn = get_reward_fn("aesthetic", clip_model_path=str(clip_dir), mlp_path=str(mlp_path), embed_dim=embed_dim,
                        batch_size=2)
-    images = torch.rand(3, 3, 40, 40)
+    images = torch.randint(0, 256, (3, 3, 40, 40), generator=torch.Generator().manual_seed(1)) / 255.0
     scores, details = fn(images, [""] * 3, [{}] * 3)
     assert scores.shape == (3,) and scores.dtype == np.float32 and np.isfinite(scores).all()
     assert details == {}
+    # the score is the LAION predictor's: the MLP on the L2-normalised projected CLIP image embedding of the
+    # images as 8-bit RGB, through CLIP's own preprocessing (transformers' get_image_features), MLP in eval mode
+    clip = CLIPModel.from_pretrained(clip_dir).eval()
+    pix = CLIPImageProcessor.from_pretrained(clip_dir)(
+        images=list((images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()), return_tensors="pt").pixel_values
+    mlp = AestheticMLP(embed_dim)
+    mlp.load_state_dict(torch.load(mlp_path))
+    with torch.no_grad():
+        feats = clip.get_image_features(pixel_values=pix)
+        feats = getattr(feats, "pooler_output", feats)  # transformers 5 returns the output object
+        want = mlp.eval()(feats / feats.norm(dim=-1, keepdim=True)).squeeze(-1).numpy()
+    np.testing.assert_allclose(scores, want, rtol=1e-5, atol=1e-6)
+    assert np.ptp(want) > 1e-4  # the images score differently, so a wrong embedding would show
     again, _ = fn(images, [""] * 3, [{}] * 3)
     np.testing.assert_allclose(scores, again, rtol=1e-5, atol=1e-6)  # eval mode: dropout off
     with pytest.raises(ConfigError, match="embed_dim"):

@@ -97,3 +97,6 @@ def test_one_cpu_epoch_on_sd15_random_at_64px(tmp_path):
     assert "epoch 0: GRPO check: 2 samples = 1 conditions x k=2 (exact)" in p.stdout
     (h,) = json.load(open(tmp_path / "r" / "summary.json"))["history"]
     assert h["samples"] == 2 and h["epoch"] == 0
+    # at SD 1.5's shape too: sampling and training agree before the update (CFG 5, LoRA, DDIM eta 1: ratio 1 in
+    # float32), and the two samples' JPEG rewards (-kB) give the adapters a gradient
+    assert h["train"]["onpolicy_ratio_max_dev"] <= 1e-5 and h["train"]["grad_norm"] > 0 and h["reward_mean"] < 0

@@ -137,3 +137,78 @@ def test_per_sample_step_indices_match_scalar_calls(sde_type):
     ode = flow_ode_step(scheduler, v, idx, x)
     for b in range(3):
         assert torch.equal(ode[b:b + 1], flow_ode_step(scheduler, v[b:b + 1], int(idx[b]), x[b:b + 1]))
+
+
+# ------------------------------------------------------------------------------------------ an independent check
+# The tests above compare the step with its own formula re-typed. These check what the formula is for, by Monte
+# Carlo, without it: for data x0 ~ N(m, s0²) (per element) the flow's marginal at σ is N((1-σ) m, (1-σ)² s0² + σ²)
+# and its exact velocity E[x1 - x0 | x_σ] is analytic; a step that samples the flow must keep that marginal.
+def gaussian_velocity(x: torch.Tensor, sigma: float, m: float, s0: float) -> torch.Tensor:
+    """E[x1 - x0 | x_σ = x] for x0 ~ N(m, s0²), x1 ~ N(0, 1), x_σ = (1-σ) x0 + σ x1 (jointly Gaussian), in float64."""
+    a = 1.0 - sigma
+    return -m + (sigma - a * s0 * s0) / (a * a * s0 * s0 + sigma * sigma) * (x - a * m)
+
+
+def flow_marginal(sigma: float, m: float, s0: float):
+    a = 1.0 - sigma
+    return a * m, a * a * s0 * s0 + sigma * sigma
+
+
+def run_chain(sigmas, sde_type: str, eta: float, m: float, s0: float, n: int, seed: int = 0) -> torch.Tensor:
+    """n scalar samples drawn from the marginal at sigmas[0], stepped by sde_step_with_logprob (the exact velocity as
+    the model) through every sigma; returns x at sigmas[-1] (n,) float64."""
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
+    scheduler.set_timesteps(sigmas=[float(s) for s in sigmas])  # shift 1: these sigmas, then the terminal 0
+    assert torch.allclose(scheduler.sigmas[:-1], torch.tensor(sigmas, dtype=torch.float32))
+    g = torch.Generator().manual_seed(seed)
+    mean, var = flow_marginal(float(scheduler.sigmas[0]), m, s0)
+    x = (mean + math.sqrt(var) * torch.randn((n, 1, 1, 1), generator=g, dtype=torch.float64)).float()
+    for i in range(len(sigmas) - 1):
+        v = gaussian_velocity(x.double(), float(scheduler.sigmas[i]), m, s0).float()
+        x = sde_step_with_logprob(scheduler, v, i, x, noise_level=eta, sde_type=sde_type, generator=g)[0]
+    return x.double().flatten()
+
+
+def assert_marginal(x: torch.Tensor, sigma: float, m: float, s0: float, slack: float = 0.0) -> None:
+    """Sample mean and variance of x equal the flow's marginal at σ within 5 standard errors (+ slack for the
+    discretisation's own error)."""
+    mean, var = flow_marginal(sigma, m, s0)
+    n = x.numel()
+    assert abs(x.mean().item() - mean) <= 5 * math.sqrt(var / n) + slack, (x.mean().item(), mean)
+    assert abs(x.var().item() - var) <= 5 * var * math.sqrt(2 / n) + slack, (x.var().item(), var)
+
+
+@pytest.mark.parametrize("sigmas,eta", [((0.8, 0.5), 0.7), ((1.0, 0.6), 0.5), ((0.3, 0.1), 0.9)])
+def test_cps_step_keeps_the_flow_marginal_exactly(sigmas, eta):
+    """CPS re-noises the predicted endpoints: with data a point (s0 = 0) the exact prediction is the true x0 and x1,
+    and one step of any size lands exactly on the marginal at σ' (its coefficients keep (1-σ') on x0 and σ'² of
+    total noise variance: sqrt(σ'² - std²)² + std² = σ'²)."""
+    x = run_chain(sigmas, "cps", eta, m=0.5, s0=0.0, n=400_000)
+    assert_marginal(x, sigmas[-1], m=0.5, s0=0.0)
+
+
+def test_cps_coefficients_preserve_the_total_variance():
+    """The variance identity read off the step as a black box: the mean's coefficient on x̂1 (probed with x̂0 = 0,
+    x̂1 = 1) and the std satisfy c² + std² = σ'², and the coefficient on x̂0 (x̂0 = 1, x̂1 = 0) is 1 - σ'."""
+    scheduler = make_scheduler()
+    for i in range(NUM_STEPS - 1):
+        sig, sig_next = float(scheduler.sigmas[i]), float(scheduler.sigmas[i + 1])
+        # x̂0 = x - σ v, x̂1 = x + (1 - σ) v: (x, v) = (σ, 1) gives (0, 1); (1 - σ, -1) gives (1, 0)
+        x = torch.tensor([sig, 1.0 - sig]).reshape(2, 1, 1, 1)
+        v = torch.tensor([1.0, -1.0]).reshape(2, 1, 1, 1)
+        _, _, mean, std = sde_step_with_logprob(scheduler, v, i, x, noise_level=0.6, sde_type="cps",
+                                                generator=torch.Generator().manual_seed(0))
+        c, c0, s = float(mean[0]), float(mean[1]), float(std[0])
+        assert c * c + s * s == pytest.approx(sig_next ** 2, rel=1e-5)
+        assert c0 == pytest.approx(1.0 - sig_next, rel=1e-5) and s > 0
+
+
+def test_sde_steps_keep_the_flow_marginal():
+    """Flow-GRPO's SDE, Euler-Maruyama over 100 steps from σ = 0.9 to 0.5 with the exact velocity of Gaussian data,
+    ends on the flow's marginal at 0.5 (the drift's score correction s²/(2σ) x̂1 exactly offsets the injected noise
+    s² |dt|; the discretisation's own error is O(dt), about 1e-4 here)."""
+    import numpy as np
+
+    sigmas = np.linspace(0.9, 0.5, 101)
+    x = run_chain(sigmas, "sde", 0.7, m=0.5, s0=0.4, n=100_000)
+    assert_marginal(x, 0.5, m=0.5, s0=0.4, slack=3e-4)

@@ -67,10 +67,36 @@ def test_kl_to_ema_reference_without_gradients_to_it():
     ctx = make_ctx(beta=0.1)
     samples, adv = make_samples(ctx)
     m = train_epoch(ctx, samples, adv, epoch=0)
-    assert m["kl"] >= 0 and ctx.reference.num_updates == 2
+    assert m["kl"] > 0 and ctx.reference.num_updates == 2  # after the first step the reference lags the policy
     assert all(not t.requires_grad and t.grad is None for t in ctx.reference.tensors.values())
     # after two mixes with alpha 0.5 the reference sits strictly between start and policy
     assert m["kl"] < 1.0
+
+
+def test_kl_is_the_gaussian_kl_to_the_swapped_in_reference():
+    """The KL the loss is given is to the reference's weights, swapped into the model: with a reference set to another
+    model's weights (alpha 1: never mixed; lr 0: the policy does not move) the epoch's kl equals the Gaussian KL
+    between the two models' step means computed here, over every trained (sample, step). A reference that is never
+    swapped in (the policy scored twice) gives 0."""
+    ctx = make_ctx(beta=0.1, lr=0.0)
+    ctx.reference = EMAReference(ctx.unet, alpha=1.0, update_freq=1)
+    other = tiny_unet(seed=1)
+    with torch.no_grad():
+        for n, p in other.named_parameters():
+            ctx.reference.tensors[n].copy_(p)
+    samples, adv = make_samples(ctx)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    from ddpo_grpo.core.policy_step import policy_step
+
+    B = N * T  # every sample at every step (timestep_fraction 1), in equal calls: the mean of the calls' means
+    rows, cols = torch.arange(N).repeat_interleave(T), torch.arange(T).repeat(N)
+    with torch.no_grad():
+        pol, ref = (policy_step(model, ctx.pipe.scheduler, SamplerSettings(guidance_scale=2.0),
+                                samples.latents[rows, cols], samples.timesteps[cols], samples.step_indices[cols],
+                                samples.embeds[rows], samples.neg_embeds[rows],
+                                prev_sample=samples.latents[rows, cols + 1]) for model in (ctx.unet, other))
+    want = ((pol.mean - ref.mean) ** 2 / (2 * pol.std ** 2)).reshape(B, -1).mean(dim=1).mean().item()
+    assert want > 1e-3 and m["kl"] == pytest.approx(want, rel=1e-4)
 
 
 def test_nonfinite_loss_is_skipped_and_counted():

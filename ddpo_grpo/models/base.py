@@ -205,6 +205,31 @@ class ModelAdapter:
         with torch.device("meta"):
             return type(model).from_config(model.config)
 
+    def pixel_size(self, pipe: LoadedPipeline) -> Tuple[int, int]:
+        """(height, width) in pixels of a decoded sample: the latent size times the VAE's downscaling,
+        2 ** (len(block_out_channels) - 1) as diffusers' image pipelines compute it (1 without a VAE). models.wan
+        overrides it (its VAE's config holds the factor)."""
+        vae = getattr(pipe.vae, "config", None)
+        scale = 2 ** (len(vae.block_out_channels) - 1) if vae is not None and "block_out_channels" in vae else 1
+        h, w = pipe.sample_shape[-2:]
+        return int(h) * scale, int(w) * scale
+
+    def pipeline_call(self, pipe: LoadedPipeline, num_inference_steps: int, guidance_scale: float) -> dict:
+        """The keyword arguments of `pipeline_class`'s __call__ (beside the prompts and the noise: latents or one
+        seeded generator per sample) that sample as the run's deterministic eval does with the export's scheduler:
+        steps, true CFG, size, and eta 0 where the scheduler's step takes one (DDIM; the pipelines pass `eta` only
+        then, as this rule; a flow scheduler steps the ODE: nothing to set). Recorded in export.json
+        ("pipeline_call"). Architectures whose call takes more (FLUX's embedded guidance, the T5 length, Wan's
+        frames) extend it."""
+        import inspect
+
+        h, w = self.pixel_size(pipe)
+        call = dict(num_inference_steps=int(num_inference_steps), guidance_scale=float(guidance_scale), height=h,
+                    width=w)
+        if "eta" in inspect.signature(pipe.scheduler.step).parameters:
+            call["eta"] = 0.0
+        return call
+
     def export_settings(self, pipe: LoadedPipeline) -> dict:
         """What export.json records beyond the sampler settings so that the export samples as the run did (models.wan:
         frames and size; models.recam: its checkpoint file). Default none."""

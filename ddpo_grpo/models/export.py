@@ -10,8 +10,17 @@ An export folder (`checkpoint_NNNNN/export/` in every checkpoint, `logs/<run>/ex
   peft config in the file's metadata), written by the pipeline's `save_lora_weights`; `load_lora_weights` (a
   pipeline) or `UNet2DConditionModel.load_lora_adapter(folder, prefix="unet")` applies it to the base model.
 
-Both hold `export.json`: the base model, LoRA or not, which weights (the policy that samples and that eval
-measures: DiffusionNFT's soft-updated policy when train.nft_old_decay > 0), the epoch, and the sampler settings.
+Both hold `scheduler/` (the scheduler to sample the export with: for a LoRA run too, since the base folder's own,
+e.g. SDXL's Euler or Wan's UniPC, is not what the run sampled with) and `export.json`: the base model, LoRA or not,
+which weights (the policy that samples and that eval measures: DiffusionNFT's soft-updated policy when
+train.nft_old_decay > 0), the epoch, and the sampler settings (sampling_settings), among them `pipeline_call`, the
+keyword arguments of the stock pipeline's __call__ that sample the run's deterministic eval sample:
+
+    info = json.load(open(f"{export}/export.json"))
+    scheduler = getattr(diffusers, info["scheduler"]).from_pretrained(export, subfolder="scheduler")
+    pipe = DiffusionPipeline.from_pretrained(info["base_model_path"] if info["lora"] else export, scheduler=scheduler)
+    if info["lora"]: pipe.load_lora_weights(export)
+    images = pipe(prompts, generator=[torch.Generator().manual_seed(s) for s in seeds], **info["pipeline_call"])
 """
 from __future__ import annotations
 
@@ -62,6 +71,25 @@ def write_export(pipe, unet: torch.nn.Module, state: Dict[str, torch.Tensor], ou
     return out_dir
 
 
+def export_scheduler(pipe):
+    """The scheduler an export holds: the one the stock pipeline is saved with (pipe.components["scheduler"]: the
+    folder's config as the run read it; FLUX's keeps its dynamic shift, which FluxPipeline computes from the height
+    and width of the call), else the one the run samples with."""
+    return (pipe.components or {}).get("scheduler") or pipe.scheduler
+
+
+def sampling_settings(pipe, num_inference_steps: int, guidance_scale: float) -> dict:
+    """What export.json records so that plain diffusers samples the run's deterministic (eval) sample: the stock
+    pipeline class, the scheduler class (its config in scheduler/), steps, true CFG, size, eta 0 (DDIM; flow models
+    step the ODE), the adapter's export_settings (FLUX's embedded guidance, Wan's frames) and `pipeline_call`, the
+    adapter's keyword arguments for the pipeline's __call__ (ModelAdapter.pipeline_call)."""
+    call = pipe.adapter.pipeline_call(pipe, num_inference_steps, guidance_scale)
+    return {"pipeline_class": pipe.adapter.pipeline_class or None, "scheduler": type(export_scheduler(pipe)).__name__,
+            "num_inference_steps": int(num_inference_steps), "guidance_scale": float(guidance_scale),
+            "height": call["height"], "width": call["width"], "eval_eta": 0.0,
+            **pipe.adapter.export_settings(pipe), "pipeline_call": call}
+
+
 def _write_lora(pipe, unet, state, out_dir) -> None:
     from peft.utils import get_peft_model_state_dict
 
@@ -70,6 +98,7 @@ def _write_lora(pipe, unet, state, out_dir) -> None:
     if not layers:
         raise ExportError("a LoRA export found no adapter tensors in the model")
     pipe.adapter.save_lora(out_dir, layers, model.peft_config["default"].to_dict())
+    export_scheduler(pipe).save_pretrained(os.path.join(out_dir, "scheduler"))
 
 
 def _write_full(pipe, unet, state, out_dir) -> None:

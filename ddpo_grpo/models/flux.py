@@ -22,9 +22,8 @@ latent channels and a shift_factor; a FlowMatchEulerDiscreteScheduler (the flow 
   1024 for FLUX.1): the transformer has no sample size.
 
 To sample a trained export with plain diffusers as the run sampled: `FluxPipeline.from_pretrained(export)` (full) or
-the base folder + `load_lora_weights(export)` (LoRA), then `pipe(prompt, height=res, width=res,
-num_inference_steps=sample.num_steps, guidance_scale=pretrained.embedded_guidance,
-max_sequence_length=min(512, pipe.tokenizer_2.model_max_length))`.
+the base folder + `load_lora_weights(export)` (LoRA), then `pipe(prompt, **export.json["pipeline_call"])`: height =
+width = res, num_inference_steps, guidance_scale = the embedded guidance, max_sequence_length (pipeline_call).
 
 `build_tiny(out_dir)`: the same classes at test size ("flux-tiny", 32x32 px). `build_flux_dev_random`: FLUX.1-dev's
 shapes with seeded random weights for GPU benchmarks, made directly on the device in the target dtype (or on the
@@ -229,6 +228,21 @@ class FluxAdapter(ModelAdapter):
         if resolution < 0 or resolution % step:
             return f"resolution {resolution} must be a positive multiple of {step} px (VAE x 2x2 packing) for FLUX"
         return ""
+
+    def pipeline_call(self, pipe: LoadedPipeline, num_inference_steps: int, guidance_scale: float) -> dict:
+        """FluxPipeline's names: `guidance_scale` is the embedded guidance (pretrained.embedded_guidance), true CFG
+        is `true_cfg_scale` with the empty negative prompt (FluxPipeline applies it only when one is given); the T5
+        length the run encoded with. The export's scheduler is the folder's dynamic-shift one: height and width
+        give FluxPipeline the mu of the run's static shift."""
+        call = super().pipeline_call(pipe, num_inference_steps, guidance_scale)
+        call.update(guidance_scale=float(pipe.unet.guidance), max_sequence_length=self.max_sequence_length(pipe))
+        if guidance_scale != 1.0:
+            call.update(true_cfg_scale=float(guidance_scale), negative_prompt="")
+        return call
+
+    def export_settings(self, pipe: LoadedPipeline) -> dict:
+        """The embedded guidance the transformer was fed (None: the model has no guidance embedding)."""
+        return {"embedded_guidance": float(pipe.unet.guidance) if pipe.unet.config.guidance_embeds else None}
 
     def max_sequence_length(self, pipe: LoadedPipeline) -> int:
         return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_2"].model_max_length))

@@ -8,7 +8,8 @@ Flow-GRPO's SDE).
   (base.pack_condition); `SD3Denoiser` unpacks them for the transformer.
 - T5's sequence length is diffusers' default (256), or the T5 tokenizer's model_max_length where that is shorter
   (the tiny build's 16 tokens): a diffusers user gets the trained condition with
-  `pipe(..., max_sequence_length=min(256, pipe.tokenizer_3.model_max_length))`.
+  `pipe(..., max_sequence_length=min(256, pipe.tokenizer_3.model_max_length))`, which an export's
+  export.json records in `pipeline_call`.
 - latent size: the transformer's sample_size (128: 1024 px for SD3-Medium / 3.5), or pretrained.resolution / 8
   (e.g. 512 px, as Flow-GRPO trains SD3.5-Medium); `check_resolution` says which sizes the model takes.
 
@@ -172,6 +173,11 @@ class SD3Adapter(ModelAdapter):
             return (f"resolution {resolution} must be a multiple of {step} px (VAE x patch size) up to {most} px for "
                     f"this SD3 model (native: {tcfg['sample_size'] * vae_scale_factor(vcfg)} px)")
         return ""
+
+    def pipeline_call(self, pipe: LoadedPipeline, num_inference_steps: int, guidance_scale: float) -> dict:
+        """The base call with the T5 length the run encoded with."""
+        return dict(super().pipeline_call(pipe, num_inference_steps, guidance_scale),
+                    max_sequence_length=self.max_sequence_length(pipe))
 
     def max_sequence_length(self, pipe: LoadedPipeline) -> int:
         return min(T5_MAX_SEQUENCE_LENGTH, int(pipe.components["tokenizer_3"].model_max_length))

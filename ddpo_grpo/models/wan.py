@@ -10,7 +10,8 @@ VAE AutoencoderKLWan (8x space, 4x time, per-channel latents_mean / latents_std)
   the negative prompt is "" as the stock pipeline's default.
 - scheduler: the released folders hold a UniPCMultistepScheduler config with `flow_shift` (3.0 for 480p); it is
   loaded as a FlowMatchEulerDiscreteScheduler with shift = flow_shift (models.base.load_scheduler), the flow family
-  (Flow-GRPO's SDE / CPS). Exports carry that scheduler, so WanPipeline.from_pretrained(export) samples with it.
+  (Flow-GRPO's SDE / CPS). Exports carry that scheduler (a LoRA export too, in scheduler/), so
+  WanPipeline.from_pretrained(export, scheduler=...) samples with it.
 - size: pretrained.resolution (square, a multiple of 16) and pretrained.num_frames (1 + 4k); 0 = WanPipeline's
   defaults, 480x832 px and 81 frames.
 
@@ -147,6 +148,13 @@ class WanAdapter(ModelAdapter):
             if why:
                 raise ConfigError(f"pretrained.num_frames: {why}")
             pipe.num_frames = frames
+
+    def pixel_size(self, pipe) -> tuple:
+        return int(pipe.height), int(pipe.width)
+
+    def pipeline_call(self, pipe, num_inference_steps: int, guidance_scale: float) -> dict:
+        """The base call with the frames (WanPipeline's default 81 and 480 x 832 px are not the run's unless set)."""
+        return dict(super().pipeline_call(pipe, num_inference_steps, guidance_scale), num_frames=int(pipe.num_frames))
 
     def export_settings(self, pipe) -> dict:
         return {"num_frames": int(pipe.num_frames), "height": int(pipe.height), "width": int(pipe.width)}

@@ -82,14 +82,14 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
 def export_metadata(ctx, family: str) -> dict:
     """export.json: what the exported weights are and how the run sampled with them."""
     from ddpo_grpo.models import BUILT, resolve_model_path
+    from ddpo_grpo.models.export import sampling_settings
 
     c = ctx.config
     base = c.pretrained.model
     return {"base_model": base, "base_model_path": None if base in BUILT else os.path.abspath(resolve_model_path(base)),
             "family": family, "epoch": ctx.state.epoch,
             "weights": "sampling policy (DiffusionNFT's soft update, what eval measures)" if ctx.old_policy is not None
-            else "policy", "num_inference_steps": int(c.sample.num_steps),
-            "guidance_scale": float(c.sample.guidance_scale), "eval_eta": 0.0, **ctx.pipe.adapter.export_settings(ctx.pipe)}
+            else "policy", **sampling_settings(ctx.pipe, c.sample.num_steps, c.sample.guidance_scale)}
 
 
 def write_model_export(ctx, family: str, out_dir: str) -> None:
