@@ -7,14 +7,22 @@ check calls the same function on the same rewards, so it cannot disagree with th
 
 Branched sampling: each tree's leaves share one condition, and at each split every sibling group has exactly K
 trained cells (one per child), whose advantages have mean 0 / std 1, or are all 0 where the children's values have
-zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching."""
+zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching.
+
+History buffer / running statistics: the advantages are not per-epoch statistics, so group mean 0 / std 1 cannot be
+checked; the check then verifies what the tracker itself defines (verify_tracker_stats) and says which mode it is in.
+
+On-policy (check_onpolicy, called by training.py before the epoch's first optimizer step): every re-scored
+transition's ratio exp(logp - logp_old) must be 1 within core.loss.onpolicy_tolerance."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
 import numpy as np
+import torch
 
 from ddpo_grpo.core.branching import BranchSpec
+from ddpo_grpo.core.loss import onpolicy_tolerance
 from ddpo_grpo.errors import VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker, zero_spread
 
@@ -160,3 +168,63 @@ def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec,
             f"leaves; sibling-group adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; zero-spread groups "
             f"{zero_groups}/{groups}")
     return metrics, "\n".join([head] + lines)
+
+
+ONPOLICY_CHECKS = ("stop", "warn", "off")  # train.onpolicy_check
+
+
+def check_onpolicy_config(config) -> None:
+    from ddpo_grpo.errors import ConfigError
+
+    mode = config.train.get("onpolicy_check", "stop")
+    if mode not in ONPOLICY_CHECKS:
+        raise ConfigError(f"train.onpolicy_check={mode!r}; choose one of {ONPOLICY_CHECKS}")
+
+
+def run_tolerance(config, accelerator) -> Tuple[float, str]:
+    """(core.loss.onpolicy_tolerance for this run, its dtype in words): the run computes in accelerate's mixed
+    precision; float32 on CUDA runs TF32 kernels when torch allows them (config.allow_tf32, cuDNN's default)."""
+    from ddpo_grpo.models.base import run_dtype
+
+    dtype = run_dtype(accelerator.mixed_precision)
+    tf32 = torch.device(accelerator.device).type == "cuda" and (torch.backends.cuda.matmul.allow_tf32
+                                                                or torch.backends.cudnn.allow_tf32)
+    name = str(dtype).replace("torch.", "") + (" with TF32 kernels" if tf32 and dtype == torch.float32 else "")
+    return onpolicy_tolerance(dtype, config.train.clip_range, tf32), name
+
+
+def check_onpolicy(ctx, worst: Tuple[float, int, int], samples, epoch: int) -> Optional[str]:
+    """The on-policy check: worst = (max |r - 1|, sample index, stored column) of this process's first calls before
+    the epoch's first optimizer step (dev < 0: no kept row). A collective (one gather), so every process reaches the
+    same verdict and stops together. Above the tolerance: train.onpolicy_check "stop" raises VerificationError (exit
+    2), "warn" prints the line and returns it; None when within it or "off"."""
+    config, acc = ctx.config, ctx.accelerator
+    mode = config.train.get("onpolicy_check", "stop")
+    if mode == "off":
+        return None
+    dev, i, c = worst
+    key = int(samples.keys[i]) if dev >= 0 else -1
+    step = int(samples.step_indices[c]) if dev >= 0 else -1
+    t = float(samples.timesteps[c]) if dev >= 0 else -1.0
+    row = torch.tensor([dev, key, step, t, i, acc.process_index], dtype=torch.float64
+                       if torch.device(acc.device).type != "mps" else torch.float32, device=acc.device)
+    rows = acc.gather(row).reshape(-1, 6).double().cpu()
+    dev, key, step, t, i, rank = rows[int(rows[:, 0].argmax())].tolist()
+    tol, dtype = run_tolerance(config, acc)
+    if not dev > tol:
+        return None
+    s = config.sample
+    cfg = (f"CFG (sampled with sample.guidance_scale={s.guidance_scale} but trained without it: train.cfg=False)"
+           if s.guidance_scale != 1.0 and not config.train.cfg else "CFG differing between sampling and training")
+    msg = (f"on-policy check failed in epoch {epoch} before any update: |r - 1| = {dev:.3g} at denoising step "
+           f"{int(step)} (timestep {t:g}), sample {int(i)} of process {int(rank)} (condition {int(key)}), above the "
+           f"{dtype} tolerance {tol:.1e} (core.loss.onpolicy_tolerance, clip_range {config.train.clip_range:g}); "
+           f"sampling and training score the same transition differently. Likely causes: {cfg}; the dtype "
+           f"(mixed_precision {acc.mixed_precision}: rounding of another batch shape); scheduler settings "
+           "(eta / noise_level / sde_type / shift) changed between sampling and training; a condition (prompt "
+           "embedding, conditioning channels) other than the one sampled with; dropout in the denoiser's train mode. "
+           "train.onpolicy_check='warn' continues anyway")
+    if mode == "stop":
+        raise VerificationError(msg)
+    acc.print(f"warning: {msg}")
+    return msg
