@@ -136,6 +136,32 @@ def test_nonfinite_loss_is_skipped_and_counted():
     assert any(not torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
 
 
+def test_nonfinite_gradient_norm_is_counted_not_averaged():
+    """The first optimizer step's gradient is made infinite (a hook on one weight, first two backward calls): that
+    step is skipped and counted in skipped_steps, and grad_norm is the mean over the steps taken -- the second step's
+    norm as clip_grad_norm_ returned it -- not inf."""
+    ctx = make_ctx(per_call=2)
+    samples, adv = make_samples(ctx)
+    calls, norms = [0], []
+    clip = ctx.accelerator.clip_grad_norm_
+
+    def record(*a, **k):
+        norms.append(float(clip(*a, **k)))
+        return norms[-1]
+
+    ctx.accelerator.clip_grad_norm_ = record
+
+    def poison(g):
+        calls[0] += 1
+        return g * float("inf") if calls[0] <= 2 else g
+
+    next(ctx.unet.parameters()).register_hook(poison)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    assert len(norms) == 2 and not math.isfinite(norms[0]) and math.isfinite(norms[1]) and norms[1] > 0
+    assert m["skipped_steps"] == 1 and ctx.state.global_step == 1
+    assert m["grad_norm"] == norms[1]
+
+
 def _first_call_step(ctx, unet, samples):
     """policy_step on the epoch's first training call (its samples x timesteps), with the given weights."""
     from ddpo_grpo.core.policy_step import policy_step

@@ -126,7 +126,8 @@ def cell_training_calls(cells: torch.Tensor, config, epoch: int, inner: int, ran
 
 def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
     """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
-    reference, zero the gradients. Shared by every objective."""
+    reference, zero the gradients. Shared by every objective. A skipped step is counted (skipped_steps) and its
+    norm left out of grad_norm, the mean over the steps taken: one inf would otherwise make the epoch's mean inf."""
     grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
     if torch.isfinite(torch.as_tensor(grad_norm)):
         ctx.optimizer.step()
@@ -134,10 +135,10 @@ def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics)
         ctx.state.global_step += 1
         if ctx.reference is not None:
             ctx.reference.step()
+        metrics.add("grad_norm", float(grad_norm))
     else:
         metrics.add("skipped_steps", 1.0)
     ctx.optimizer.zero_grad(set_to_none=True)
-    metrics.add("grad_norm", float(grad_norm))
 
 
 def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
