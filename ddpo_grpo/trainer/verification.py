@@ -49,6 +49,10 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
         return verify_tree_groups(keys, advantages, cells, mask, rewards, tree, tracker, len(uniq), k)
     adv = advantages if advantages.ndim == 2 else advantages[:, None]
     rew = rewards if rewards.ndim == 2 else rewards[:, None]
+    bad = np.argwhere(mask[:, None] & ~np.isfinite(adv))
+    if len(bad):
+        raise VerificationError(f"advantage check failed: condition {keys[bad[0][0]]} column {int(bad[0][1])}: "
+                                f"advantage {adv[bad[0][0], bad[0][1]]} is not finite")
     # Per-epoch groups (no history buffer): every mode with a per-group baseline has group mean 0; group std
     # mode also has std 1. The running mode normalises by global running statistics: nothing per group to check.
     buffered = tracker.buffer_size is not None
@@ -82,6 +86,7 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
                 t = live[np.argmax(np.abs(s[live] - 1))]
                 if abs(s[t] - 1) > worst_std[0]:
                     worst_std = (float(abs(s[t] - 1)), key, int(t))
+    worst_tracker = verify_tracker_stats(keys, uniq, adv, rew, mask, tracker) if not check_stats else 0.0
     if check_stats and (worst_mean[0] > MEAN_TOL or worst_std[0] > STD_TOL):
         which = worst_mean if worst_mean[0] > MEAN_TOL else worst_std
         raise VerificationError(
@@ -97,14 +102,51 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
         "verify/adv_group_std_err_max": worst_std[0],
         "verify/zero_std_columns": float(zero_cols),
         "verify/trained_samples": float(mask.sum()),
+        "verify/adv_tracker_err_max": worst_tracker,  # history / running: |adv - the tracker's (r - mean) / std|
     }
-    table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols, check_stats)
+    table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols,
+                         "per-epoch" if check_stats else tracker_mode(tracker), worst_tracker)
     return metrics, table
 
 
-def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, checked) -> str:
+def tracker_mode(tracker: PerPromptStatTracker) -> str:
+    """Which statistics the advantages are taken with, in words, for the check's line."""
+    if tracker.std_mode == "running":
+        return (f"running statistics (mean {float(np.mean(tracker.running_mean)):.4g}, std "
+                f"{float(np.mean(np.sqrt(tracker.running_var))):.4g} after {tracker.running_count} updates)")
+    return (f"history buffer ({tracker.std_mode} mode, last {tracker.buffer_size} rewards per condition, the batch's "
+            f"statistics below {tracker.min_count})")
+
+
+def verify_tracker_stats(keys, uniq, adv, rew, mask, tracker: PerPromptStatTracker) -> float:
+    """History buffer / running statistics: no per-epoch group statistic holds, but every trained advantage must be
+    its reward standardised by the statistics the tracker holds for its condition (PerPromptStatTracker.baseline,
+    the rule that computed it), and 0 where they have zero spread. Catches advantages handed to the wrong sample or
+    condition, scaled, shifted or stale. keys (N,), adv / rew (N, T), mask (N,). Returns the worst
+    |adv - expected| / (1 + |expected|); raises VerificationError above MEAN_TOL, naming the condition and column."""
+    batch = rew[mask].astype(np.float64)  # what compute_advantages handed tracker.update
+    worst = 0.0
+    for key in uniq:
+        sel = (keys == key) & mask
+        if not sel.any():
+            continue
+        r = rew[sel].astype(np.float64)
+        mean, scale, zero = tracker.baseline(key.item() if isinstance(key, np.generic) else key, r, batch)
+        want = np.divide(r - mean, scale, out=np.zeros_like(r), where=~zero)
+        err = (np.abs(adv[sel].astype(np.float64) - want) / (1 + np.abs(want))).max(axis=0)
+        t = int(err.argmax())
+        if err[t] > MEAN_TOL:
+            raise VerificationError(
+                f"advantage check failed: condition {key} column {t}: advantages differ from the tracker's own "
+                f"(r - mean) / std by up to {err[t]:.2e} (tol {MEAN_TOL}; {tracker_mode(tracker)})")
+        worst = max(worst, float(err[t]))
+    return worst
+
+
+def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, mode, worst_tracker=0.0) -> str:
     head = (f"GRPO check: {n} samples = {m} conditions x k={k} (exact); "
-            + (f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; " if checked else "adv stats not per-epoch (history/running); ")
+            + (f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; " if mode == "per-epoch" else
+               f"adv from {mode}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / std per condition; ")
             + f"zero-std columns {zero_cols}/{cols}")
     lines = [head, f"  {'key':>8} {'n':>3} {'r_mean':>8} {'r_std':>8} {'a_mean':>9} {'a_std':>7}"]
     for key, cnt, rm, rs, am, as_ in rows[:8]:
