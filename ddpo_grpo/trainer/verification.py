@@ -258,11 +258,14 @@ def check_onpolicy(ctx, worst: Tuple[float, int, int], samples, epoch: int) -> O
     s = config.sample
     cfg = (f"CFG (sampled with sample.guidance_scale={s.guidance_scale} but trained without it: train.cfg=False)"
            if s.guidance_scale != 1.0 and not config.train.cfg else "CFG differing between sampling and training")
+    rounding = ("rounding differs between call shapes: sample.batch_size = train.batch_size and "
+                "train.timesteps_per_call=1 give training sampling's shapes" if dtype != "float32" else
+                "float32 re-scoring differs by ~1e-6 only")
     msg = (f"on-policy check failed in epoch {epoch} before any update: |r - 1| = {dev:.3g} at denoising step "
            f"{int(step)} (timestep {t:g}), sample {int(i)} of process {int(rank)} (condition {int(key)}), above the "
            f"{dtype} tolerance {tol:.1e} (core.loss.onpolicy_tolerance, clip_range {config.train.clip_range:g}); "
            f"sampling and training score the same transition differently. Likely causes: {cfg}; the dtype "
-           f"(mixed_precision {acc.mixed_precision}: rounding of another batch shape); scheduler settings "
+           f"(mixed_precision {acc.mixed_precision or 'no'}: {rounding}); scheduler settings "
            "(eta / noise_level / sde_type / shift) changed between sampling and training; a condition (prompt "
            "embedding, conditioning channels) other than the one sampled with; dropout in the denoiser's train mode. "
            "train.onpolicy_check='warn' continues anyway")
