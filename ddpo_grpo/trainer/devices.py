@@ -99,7 +99,8 @@ def check_launch(config, device: str, environ=None) -> None:
       still sets MASTER_ADDR (it does so only for several processes or machines) but no WORLD_SIZE.
     * accelerate's parallelism_config (fsdp2_hybrid.yaml): its mesh must hold every process. On CPU processes
       accelerate refuses a parallelism_config and does not use DeepSpeed: both are refused here, outside a dry run
-      (which may check a GPU launch from a CPU machine). FSDP launches on CPU run plain DDP (accelerate's choice).
+      (which may check a GPU launch from a CPU machine). An FSDP launch on CPU, which accelerate runs as plain DDP, is
+      refused once the Accelerator exists (scale.check_engine_applied).
     * Mixed precision (one rule): config.mixed_precision decides where it is set; "" (as launched) takes the
       launch's setting (ACCELERATE_MIXED_PRECISION: the YAML's line or --mixed_precision) on GPU/NPU, and fp32 on
       CPU, where bf16 autocast is many times slower (no bf16 units) and fp16 does nothing. On CPU only an explicit
