@@ -99,6 +99,16 @@ def test_cfg_mismatch_warns_and_trains_with_warn(capsys):
     assert "on-policy" not in capsys.readouterr().out
 
 
+def test_onpolicy_check_setting_is_validated():
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer.verification import check_onpolicy_config
+
+    for mode in ("stop", "warn", "off"):
+        check_onpolicy_config(make_ctx(onpolicy_check=mode).config)
+    with pytest.raises(ConfigError, match=r"train.onpolicy_check='stp'; choose one of \('stop', 'warn', 'off'\)"):
+        check_onpolicy_config(make_ctx(onpolicy_check="stp").config)
+
+
 def test_onpolicy_check_names_the_worst_transition():
     """One stored log-prob corrupted by 0.05 (as a wrong condition for one sample would): the line names that
     sample's step and condition, not the first call's."""

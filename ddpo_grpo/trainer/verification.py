@@ -23,7 +23,7 @@ import torch
 
 from ddpo_grpo.core.branching import BranchSpec
 from ddpo_grpo.core.loss import onpolicy_tolerance
-from ddpo_grpo.errors import VerificationError
+from ddpo_grpo.errors import ConfigError, VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker, zero_spread
 
 MEAN_TOL = 1e-4
@@ -216,8 +216,7 @@ ONPOLICY_CHECKS = ("stop", "warn", "off")  # train.onpolicy_check
 
 
 def check_onpolicy_config(config) -> None:
-    from ddpo_grpo.errors import ConfigError
-
+    """train.onpolicy_check is one of ONPOLICY_CHECKS (validate_config: one line before anything loads)."""
     mode = config.train.get("onpolicy_check", "stop")
     if mode not in ONPOLICY_CHECKS:
         raise ConfigError(f"train.onpolicy_check={mode!r}; choose one of {ONPOLICY_CHECKS}")
