@@ -300,3 +300,27 @@ def test_kl_steps_all_pulls_the_untrained_steps_towards_the_reference():
     assert before == before_all > 0
     assert "kl_untrained" not in m_trained and m_all["kl_untrained"] > 0
     assert after_all < after_trained  # the untrained steps were pulled back only with "all"
+
+
+def test_the_runs_tolerance_follows_its_dtype_and_clip_range():
+    """core.loss.onpolicy_tolerance through the trainer's reading of the run: float32 on CPU 1e-5; bf16 / fp16, and
+    float32 on CUDA with TF32 kernels, half the clip range (docs/reliability.md says why)."""
+    from ddpo_grpo.core.loss import onpolicy_tolerance
+    from ddpo_grpo.trainer.verification import run_tolerance
+
+    cfg = make_ctx().config
+    acc = lambda mp, dev="cpu": types.SimpleNamespace(mixed_precision=mp, device=torch.device(dev))  # noqa: E731
+    assert run_tolerance(cfg, acc("no")) == (1e-5, "float32")
+    assert run_tolerance(cfg, acc("bf16")) == (cfg.train.clip_range / 2, "bfloat16")
+    assert run_tolerance(cfg, acc("fp16")) == (cfg.train.clip_range / 2, "float16")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # process-wide: restored below
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert run_tolerance(cfg, acc("no", "cuda")) == (cfg.train.clip_range / 2, "float32 with TF32 kernels")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        assert run_tolerance(cfg, acc("no", "cuda")) == (1e-5, "float32")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert onpolicy_tolerance(torch.float32, 1e-5) == 5e-6  # never above half the clip range
+    with pytest.raises(ValueError):
+        onpolicy_tolerance(torch.bfloat16, 0.0)

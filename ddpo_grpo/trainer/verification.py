@@ -224,12 +224,14 @@ def check_onpolicy_config(config) -> None:
 
 def run_tolerance(config, accelerator) -> Tuple[float, str]:
     """(core.loss.onpolicy_tolerance for this run, its dtype in words): the run computes in accelerate's mixed
-    precision; float32 on CUDA runs TF32 kernels when torch allows them (config.allow_tf32, cuDNN's default)."""
+    precision; float32 on CUDA runs TF32 kernels when torch allows them (config.allow_tf32, cuDNN's default), and on
+    Ascend NPUs HF32 convolutions (torch_npu's torch.npu.conv.allow_hf32, on unless turned off)."""
     from ddpo_grpo.models.base import run_dtype
 
     dtype = run_dtype(accelerator.mixed_precision)
-    tf32 = torch.device(accelerator.device).type == "cuda" and (torch.backends.cuda.matmul.allow_tf32
-                                                                or torch.backends.cudnn.allow_tf32)
+    kind = torch.device(accelerator.device).type
+    tf32 = ((kind == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32))
+            or (kind == "npu" and bool(getattr(getattr(getattr(torch, "npu", None), "conv", None), "allow_hf32", True))))
     name = str(dtype).replace("torch.", "") + (" with TF32 kernels" if tf32 and dtype == torch.float32 else "")
     return onpolicy_tolerance(dtype, config.train.clip_range, tf32), name
 
