@@ -23,8 +23,8 @@ def onpolicy_tolerance(dtype: torch.dtype, clip_range: float, tf32: bool = False
     float32 (tf32 False): ONPOLICY_TOL_EXACT (or half the clip range if that is smaller). Re-scoring differs from
     sampling only in summation order (another batch composition), 1.7e-6 at most measured on the tiny models.
 
-    bf16 / fp16, or float32 with TF32 kernels (tf32=True: CUDA with allow_tf32, an NPU's HF32): clip_range / 2. Measured on the
-    tiny models (benchmarks/onpolicy_dtype.py, docs/reliability.md): the same transition re-scored under bf16 with
+    bf16 / fp16, or float32 with TF32 kernels (tf32=True: CUDA with allow_tf32, an NPU's HF32): clip_range / 2.
+    Measured on the tiny models (benchmarks/onpolicy_dtype.py, docs/reliability.md): a transition re-scored in bf16 with
     other rows, shuffled or stacked, gives |r - 1| = 0 on a CPU (its kernels are row-independent), but a bf16
     computation is up to 4e-5..2.7e-3 from float32's at steps of std >= 0.15 (0.03..0.3 at std ~0.01), and |r - 1|
     grows as 1/std; two bf16 paths that sum differently (a GPU kernel chosen per batch shape) can be twice that

@@ -230,8 +230,9 @@ def run_tolerance(config, accelerator) -> Tuple[float, str]:
 
     dtype = run_dtype(accelerator.mixed_precision)
     kind = torch.device(accelerator.device).type
+    npu_conv = getattr(getattr(torch, "npu", None), "conv", None)
     tf32 = ((kind == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32))
-            or (kind == "npu" and bool(getattr(getattr(getattr(torch, "npu", None), "conv", None), "allow_hf32", True))))
+            or (kind == "npu" and bool(getattr(npu_conv, "allow_hf32", True))))
     name = str(dtype).replace("torch.", "") + (" with TF32 kernels" if tf32 and dtype == torch.float32 else "")
     return onpolicy_tolerance(dtype, config.train.clip_range, tf32), name
 
