@@ -207,3 +207,14 @@ def test_cfg_mismatch_stops_the_run_in_epoch_0(tmp_path):
     assert warn.returncode == 0, warn.stderr[-3000:]
     assert warn.stdout.count("warning: on-policy check failed in epoch 0") == 1
     assert "epoch 1: reward" in warn.stdout
+
+
+def test_cfg_mismatch_stops_every_process_together(tmp_path):
+    """Two processes (gloo): the worst |r - 1| is gathered before the verdict, so both stop with the same line at the
+    same point (none is left waiting in the next collective) and the launch ends instead of hanging."""
+    cmd = [*launch_cmd(2, 29800), "scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=1",
+           f"--config.logdir={tmp_path}", "--config.run_name=ddp", "--config.sample.guidance_scale=3.0",
+           "--config.train.cfg=False", *SMALL]
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: on-policy check failed in epoch 0")]
+    assert p.returncode != 0 and len(errors) == 2 and errors[0] == errors[1], p.stderr[-3000:]
