@@ -126,6 +126,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.max_grad_norm = 1.0
     config.train.num_inner_epochs = 1  # passes over each epoch's samples
     config.train.cfg = True  # use guidance in training when sampling used it (needed for ratio == 1)
+    # The on-policy check: before each epoch's first optimizer step the ratio exp(logp - logp_old) of every re-scored
+    # transition must be 1 within core.loss.onpolicy_tolerance (float32: 1e-5; bf16/fp16/TF32: clip_range / 2).
+    # "stop": one line naming the step, the sample and the likely causes, exit 2; "warn": that line, and train on;
+    # "off". A mismatch (CFG, dtype, scheduler settings, condition) otherwise trains silently on the wrong ratio.
+    config.train.onpolicy_check = "stop"
     config.train.adv_clip_max = 5.0
     config.train.clip_range = 1e-4  # PPO ratio clip (small: logprobs are averaged over dimensions)
     config.train.clip_range_high = -1.0  # < 0: same as clip_range

@@ -38,7 +38,7 @@ def run(config):
     from ddpo_grpo.trainer import devices
     from ddpo_grpo.trainer.advantages import compute_advantages
     from ddpo_grpo.trainer.build import build_context, validate_config
-    from ddpo_grpo.trainer.scale import use_architecture_blocks
+    from ddpo_grpo.trainer.scale import check_engine_applied, use_architecture_blocks
     from ddpo_grpo.trainer.checkpointing import (check_resume, export_run, load_checkpoint, run_folder_of,
                                                  save_checkpoint, wandb_run_id)
     from ddpo_grpo.trainer.hacking import train_gold
@@ -73,6 +73,7 @@ def run(config):
     # cpu=True (no GPU/NPU, or ACCELERATE_USE_CPU) is what makes accelerate form a gloo group across CPU processes.
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision or None, log_with=trackers or None,
                               project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
+    check_engine_applied(accelerator)  # an FSDP launch that accelerate ran as DDP (CPU processes): one line
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
     devices.apply_cpu_settings(config, device)
     set_seed(config.seed, device_specific=True)

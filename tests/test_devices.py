@@ -99,6 +99,75 @@ def test_cpu_and_cuda_leave_hccl_alone(monkeypatch, forced_cpu):
     assert not any(k in os.environ for k in HCCL)
 
 
+# A torch_npu that is installed but broken (fake packages on sys.path): each case's module source.
+BROKEN_NPU = {
+    "cann_missing": ("raise ImportError('libhccl.so: cannot open shared object file: No such file or directory')",
+                     "torch_npu is installed but cannot be imported (ImportError: libhccl.so: cannot open"),
+    "dependency_missing": ("import cann_runtime_bindings",
+                           "torch_npu is installed but cannot be imported (ModuleNotFoundError: No module named "
+                           "'cann_runtime_bindings')"),
+    "init_fails": ("import torch, types\n"
+                   "def is_available():\n    raise RuntimeError('drvErr 87: the NPU driver is not loaded')\n"
+                   "torch.npu = types.SimpleNamespace(is_available=is_available)",
+                   "torch_npu is installed but cannot initialise its devices (RuntimeError: drvErr 87"),
+}
+
+
+def _fake_torch_npu(folder, source):
+    pkg = folder / "torch_npu"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(source + "\n")
+    return str(folder)
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_NPU))
+def test_a_broken_torch_npu_is_one_line_not_a_silent_cpu_run(tmp_path, monkeypatch, case):
+    import torch
+
+    source, want = BROKEN_NPU[case]
+    monkeypatch.syspath_prepend(_fake_torch_npu(tmp_path, source))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.setattr(torch, "npu", None, raising=False)  # whatever the fake sets is undone after the test
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    try:
+        with pytest.raises(ConfigError) as e:
+            devices.setup()
+    finally:
+        sys.modules.pop("torch_npu", None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(want), msg
+    assert "uninstall torch_npu" in msg and "ACCELERATE_USE_CPU=1" in msg
+
+
+def test_torch_npu_without_devices_or_forced_cpu_is_no_error(tmp_path, monkeypatch):
+    """Installed and working on a machine without NPUs: CPU/CUDA as before; ACCELERATE_USE_CPU never imports it."""
+    import torch
+
+    monkeypatch.syspath_prepend(_fake_torch_npu(tmp_path, "import torch, types\n"
+                                                          "torch.npu = types.SimpleNamespace(is_available=lambda: False)"))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.setattr(torch, "npu", None, raising=False)
+    try:
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+        assert devices.setup() in ("cpu", "cuda")
+        sys.modules.pop("torch_npu", None)
+        monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+        assert devices.setup() == "cpu" and "torch_npu" not in sys.modules
+    finally:
+        sys.modules.pop("torch_npu", None)
+
+
+def test_trainer_stops_on_a_broken_torch_npu_in_one_line(tmp_path):
+    source, want = BROKEN_NPU["cann_missing"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([_fake_torch_npu(tmp_path, source), ROOT]))
+    env.pop("ACCELERATE_USE_CPU", None)
+    p = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny",
+                        f"--config.logdir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1].startswith(f"error: {want}")
+
+
 def test_trainer_sets_hccl_timeouts_before_the_process_count_check():
     """The real script path with a faked NPU (1 device) and WORLD_SIZE=2: the trainer stops at the process-count
     guard, before any process group; by then both timeouts are in its environment, the user's one unchanged."""

@@ -125,8 +125,11 @@ def test_check_sample_config():
 
 def test_family_of_scheduler_and_scheduler_from_config():
     assert family_of_scheduler("FlowMatchEulerDiscreteScheduler").name == "flow"
-    for other in ("DDIMScheduler", "PNDMScheduler", "", None):  # any other SD scheduler is loaded as DDIM
+    for other in ("DDIMScheduler", "PNDMScheduler", "EulerDiscreteScheduler"):  # SD's schedulers are read as DDIM
         assert family_of_scheduler(other).name == "ddim"
+    for unknown in ("EDMEulerScheduler", "FlowMatchHeunDiscreteScheduler", "", None):  # another schedule, or none
+        with pytest.raises(ConfigError, match=f"scheduler class {unknown!r} is not supported"):
+            family_of_scheduler(unknown)
     flow = get_family("flow").scheduler_from_config(flow_scheduler().config)
     ddim = get_family("ddim").scheduler_from_config(ddim_scheduler().config)
     assert type(flow) is FlowMatchEulerDiscreteScheduler and flow.config.shift == 3.0

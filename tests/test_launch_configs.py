@@ -25,9 +25,11 @@ from ddpo_grpo.trainer import devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "config", "accelerate", "*.yaml")))
-TRAINS_ON_CPU = {"ddp.yaml", "ddp_multinode.yaml", "fsdp2.yaml", "npu8.yaml"}  # their comment gives a CPU launch
+TRAINS_ON_CPU = {"ddp.yaml", "ddp_multinode.yaml", "npu8.yaml"}  # their comment gives a CPU launch
 GPU_ONLY = {"fsdp2_hybrid.yaml": "parallelism_config (FSDP2 hybrid shard",
             "deepspeed_zero2.yaml": "a DeepSpeed launch", "deepspeed_zero3.yaml": "a DeepSpeed launch"}
+# Refused once the Accelerator exists (scale.check_engine_applied): accelerate would run it as plain DDP on CPU.
+GPU_ONLY_AFTER_START = {"fsdp2.yaml": "error: an FSDP launch (config/accelerate/fsdp2.yaml) but accelerate"}
 LONE = "error: accelerate launch started 1 process of a multi-process launch"
 # Launcher variables a developer's shell may hold: each launch here starts from none of them.
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_SIZE",
@@ -55,8 +57,8 @@ def _documented_cpu_flags(name):
 
 
 def test_every_config_is_covered():
-    assert set(CONFIGS) == TRAINS_ON_CPU | set(GPU_ONLY)
-    for name in GPU_ONLY:  # their comment points to what runs on CPU instead
+    assert set(CONFIGS) == TRAINS_ON_CPU | set(GPU_ONLY) | set(GPU_ONLY_AFTER_START)
+    for name in [*GPU_ONLY, *GPU_ONLY_AFTER_START]:  # their comment points to what runs on CPU instead
         text = open(os.path.join(ROOT, "config", "accelerate", name)).read()
         assert "GPU/NPU only" in text and "use ddp.yaml" in text
 
@@ -176,3 +178,18 @@ def test_gpu_only_config_on_cpu_stops_in_one_line(monkeypatch, name):
         devices.check_launch(_config(), "cpu", env)
     assert "\n" not in str(e.value) and str(e.value).startswith(GPU_ONLY[name])
     assert "ddp.yaml" in str(e.value) and "ACCELERATE_USE_CPU=1" in str(e.value)
+
+
+def test_fsdp2_yaml_on_cpu_stops_in_one_line_instead_of_running_ddp(tmp_path):
+    """fsdp2.yaml launched on CPU as the others are (ACCELERATE_USE_CPU=1, 2 processes): accelerate builds a
+    MULTI_CPU (DDP) run whatever the YAML says; the trainer says so in one line and exits 2 on each process, before any
+    model loads, instead of training unsharded. (tests/fsdp_cpu_train.py, which patches accelerate, passes.)"""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "config/accelerate/fsdp2.yaml",
+           "--num_processes", "2", "--num_machines", "1", "--main_process_port", "0", "scripts/train.py",
+           *ISSUE_ARGS, *TINY, f"--config.logdir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert p.returncode != 0 and len(errors) == 2, p.stdout[-1500:] + p.stderr[-3000:]  # one per process
+    assert errors[0] == errors[1] and errors[0].startswith(GPU_ONLY_AFTER_START["fsdp2.yaml"])
+    assert "MULTI_CPU" in errors[0] and "ddp.yaml" in errors[0] and "ACCELERATE_USE_CPU=1" in errors[0]
+    assert "epoch 0" not in p.stdout + p.stderr  # stopped before any model loaded

@@ -174,3 +174,23 @@ def test_plugin_trains_on_policy_and_exports_and_a_broken_one_is_one_line(plugin
     assert max((trained[k].float() - base[k].float()).abs().max().item() for k in base) > 1e-4  # the update is in it
     state = load_file(str(run / "checkpoints" / "checkpoint_00001" / "model.safetensors"))
     assert all(torch.equal(state[k], trained[k]) for k in trained)  # the export is the trained policy
+
+
+def test_a_model_index_without_a_class_name_is_one_line(tmp_path):
+    """An SD3 folder whose model_index.json lost `_class_name`: not read as Stable Diffusion (which ended in an OSError
+    traceback inside diffusers, exit 1) but one line naming the supported classes, from the library and the trainer."""
+    folder = tmp_path / "sd3-no-class"
+    shutil.copytree(resolve_model_path("sd3-tiny"), folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index.pop("_class_name") == "StableDiffusion3Pipeline"
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError) as e:
+        model_adapter(str(folder))
+    msg = str(e.value)
+    assert "\n" not in msg and "model_index.json names no pipeline class (`_class_name`)" in msg
+    assert set(OWN) <= set(msg.split("one of the supported: ")[1].split(", "))
+    p = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd3_tiny",
+                        f"--config.pretrained.model={folder}", f"--config.logdir={tmp_path}"], cwd=ROOT, env=cpu_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1] == f"error: {msg}"

@@ -187,3 +187,34 @@ def test_resume_with_other_registered_objects_is_one_clear_error(tmp_path):
     assert loaded == []
     ctx.reference = None
     assert load_checkpoint(ctx, ckpt) == ckpt and loaded == [ckpt]
+
+
+def test_cfg_mismatch_stops_the_run_in_epoch_0(tmp_path):
+    """A run that samples with CFG 3 and trains without it (train.cfg=False) stops in its first epoch, before any
+    update, with one line (exit 2) naming the step, the sample and the likely causes; with
+    train.onpolicy_check="warn" the same run says it and finishes."""
+    base = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=2",
+            f"--config.logdir={tmp_path}", "--config.sample.guidance_scale=3.0", "--config.train.cfg=False", *SMALL]
+    stop = subprocess.run(base + ["--config.run_name=stop"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert stop.returncode == 2, stop.stderr[-3000:]
+    last = stop.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: on-policy check failed in epoch 0 before any update: |r - 1| = "), last
+    assert "train.cfg=False" in last and "denoising step" in last and "Traceback" not in stop.stderr
+    assert "epoch 0: reward" not in stop.stdout  # it stopped before the epoch's update and log line
+    warn = subprocess.run(base + ["--config.run_name=warn", "--config.train.onpolicy_check=warn"], cwd=ROOT,
+                          env=cpu_env(), capture_output=True, text=True, timeout=600)
+    assert warn.returncode == 0, warn.stderr[-3000:]
+    assert warn.stdout.count("warning: on-policy check failed in epoch 0") == 1
+    assert "epoch 1: reward" in warn.stdout
+
+
+def test_cfg_mismatch_stops_every_process_together(tmp_path):
+    """Two processes (gloo): the worst |r - 1| is gathered before the verdict, so both stop with the same line at the
+    same point (none is left waiting in the next collective) and the launch ends instead of hanging."""
+    cmd = [*launch_cmd(2, 29800), "scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=1",
+           f"--config.logdir={tmp_path}", "--config.run_name=ddp", "--config.sample.guidance_scale=3.0",
+           "--config.train.cfg=False", *SMALL]
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: on-policy check failed in epoch 0")]
+    assert p.returncode != 0 and len(errors) == 2 and errors[0] == errors[1], p.stderr[-3000:]

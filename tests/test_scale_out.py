@@ -2,8 +2,9 @@
 bundled and an SD-shaped UNet, the engine guards, and the trainer under FSDP2 on 2 CPU processes (gloo) against
 DDP on the same seeds, with exact resume from a sharded checkpoint.
 
-accelerate 1.15 runs FSDP only on GPU-like process groups; tests/fsdp_cpu_train.py keeps it on for CPU
-(ddpo_grpo.trainer.scale.enable_fsdp_on_cpu), so torch's fully_shard really shards the UNet over gloo here."""
+accelerate 1.15 runs FSDP only on GPU-like process groups (the trainer refuses an FSDP launch it ran as DDP);
+tests/fsdp_cpu_train.py patches accelerate to keep it on for CPU (tests only), so torch's fully_shard really shards
+the UNet over gloo here."""
 import glob
 import json
 import os

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import ROOT, cpu_env, tiny_unet
 
-from ddpo_grpo.core.families import get_family
+from ddpo_grpo.core.families import DDIM_SCHEDULER_CLASSES, get_family
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings, policy_step
 from ddpo_grpo.errors import ConfigError
@@ -25,10 +25,7 @@ SD = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")  # 
 
 # (class name, constructor kwargs): class defaults, and released values (SD 1.5's PNDM, SDXL's Euler), and DDIM's own
 # set_alpha_to_one / timestep_spacing / steps_offset grid.
-DDIM_CASES = [(cls, {}) for cls in ("DDIMScheduler", "PNDMScheduler", "EulerDiscreteScheduler",
-                                    "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler",
-                                    "UniPCMultistepScheduler", "LMSDiscreteScheduler", "HeunDiscreteScheduler",
-                                    "DDPMScheduler")] + [
+DDIM_CASES = [(cls, {}) for cls in DDIM_SCHEDULER_CLASSES] + [
     ("PNDMScheduler", dict(SD, set_alpha_to_one=False, skip_prk_steps=True, steps_offset=1)),  # SD 1.5's file
     ("EulerDiscreteScheduler", dict(SD, timestep_spacing="leading", steps_offset=1)),  # SDXL's (its own keys)
 ] + [("DDIMScheduler", dict(SD, set_alpha_to_one=a, timestep_spacing=sp, steps_offset=o))
@@ -124,6 +121,26 @@ def test_flow_folders_train_only_steps_with_noise(tmp_path, cls, kw, sde_type):
     assert n == (STEPS - 1 if sde_type == "cps" else STEPS)  # CPS's last step: σ' = 0, no noise
     traj = sample_and_rescore(sched, settings)
     assert traj.log_probs.shape == (2, n) and bool((traj.step_std > 0).all())
+
+
+@pytest.mark.parametrize("cls", ["EDMEulerScheduler", "FlowMatchHeunDiscreteScheduler", "ScoreSdeVeScheduler", None])
+def test_unknown_scheduler_class_is_refused_naming_the_supported_ones(tmp_path, cls):
+    """Another noise schedule (EDM sigmas, a VE SDE, a flow scheduler other than FlowMatchEuler) or no class name at
+    all: one ConfigError line naming what each family reads, not a DDIM reading of a schedule it is not."""
+    from ddpo_grpo.models.base import scheduler_family
+
+    if cls is None:  # a config without `_class_name`
+        folder = save_scheduler(tmp_path, "DDIMScheduler", {})
+        folder.pop("_class_name")
+        json.dump(folder, open(os.path.join(tmp_path, "scheduler", "scheduler_config.json"), "w"))
+    else:
+        save_scheduler(tmp_path, cls, {})
+    for load in (load_scheduler, scheduler_family):
+        with pytest.raises(ConfigError) as e:
+            load(str(tmp_path))
+        msg = str(e.value)
+        assert "\n" not in msg and f"scheduler class {cls!r} is not supported" in msg and str(tmp_path) in msg
+        assert "FlowMatchEulerDiscreteScheduler" in msg and all(c in msg for c in DDIM_SCHEDULER_CLASSES)
 
 
 def test_dynamic_shifting_is_refused_naming_the_key_where_no_mu_exists(tmp_path):

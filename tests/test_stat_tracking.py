@@ -155,3 +155,35 @@ def test_state_dict_round_trip():
     copy.load_state_dict(pickle.loads(pickle.dumps(running.state_dict())))
     r = np.array([[1.0, 1.0], [3.0, 2.0]])
     np.testing.assert_array_equal(copy.update(["a", "b"], r), running.update(["a", "b"], r))
+
+
+@pytest.mark.parametrize("mode,buffer", [("group", 8), ("none", 8), ("running", None)])
+def test_live_check_under_history_or_running_stats_checks_the_trackers_own_statistics(mode, buffer):
+    """With a history buffer or running statistics the advantages have no per-epoch group mean 0 / std 1, but each
+    must be its reward standardised by the tracker's own statistics for its condition: the check verifies that, says
+    which mode it is in, and stops on advantages handed to the wrong sample, shifted, or not finite."""
+    from ddpo_grpo.errors import VerificationError
+
+    rng = np.random.default_rng(0)
+    keys = np.repeat([3, 5], 4)
+    tracker = PerPromptStatTracker(std_mode=mode, buffer_size=buffer, min_count=2)
+    for epoch in range(3):  # later epochs: the history / running statistics are not this batch's
+        tracker.clear()
+        rewards = rng.normal(loc=epoch, size=8)
+        adv = tracker.update(keys.tolist(), rewards)
+        metrics, table = verify_groups(keys, adv, np.ones(8, bool), rewards, 4, tracker)
+        head = table.splitlines()[0]
+        assert ("running statistics" if mode == "running" else "history buffer") in head, head
+        assert metrics["verify/adv_tracker_err_max"] < 1e-6
+    assert abs(adv[:4].astype(np.float64).mean()) > 0.05  # group mean 0 does not hold: the per-epoch check cannot apply
+    swapped = adv.copy()
+    swapped[[0, 4]] = adv[[4, 0]]  # two samples' advantages exchanged across conditions
+    shifted = adv.copy()
+    shifted[4:] += 0.01
+    nan = adv.copy()
+    nan[6] = np.nan
+    for bad, text in ((swapped, "condition 3 column 0: advantages differ from the tracker's own"),
+                      (shifted, "condition 5 column 0: advantages differ from the tracker's own"),
+                      (nan, "condition 5 column 0: advantage nan is not finite")):
+        with pytest.raises(VerificationError, match=text):
+            verify_groups(keys, bad, np.ones(8, bool), rewards, 4, tracker)

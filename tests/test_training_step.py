@@ -1,5 +1,6 @@
 """train_epoch on a tiny in-memory model: on-policy ratio 1 before the first step, KL path with the EMA
 reference, and a non-finite loss that is skipped and counted instead of reaching the weights."""
+import math
 import types
 
 import ml_collections
@@ -20,11 +21,11 @@ from helpers import ddim_scheduler, tiny_unet
 N, T = 8, 4
 
 
-def make_ctx(beta=0.0, per_call=1, lr=1e-4):
+def make_ctx(beta=0.0, per_call=1, lr=1e-4, cfg=True, onpolicy_check="stop"):
     cfg = ml_collections.ConfigDict(dict(
         seed=0,
         sample=dict(guidance_scale=2.0, eta=1.0, noise_level=0.7, sde_type="sde"),
-        train=dict(cfg=True, batch_size=4, timestep_fraction=1.0, timesteps_per_call=per_call, num_inner_epochs=1,
+        train=dict(cfg=cfg, onpolicy_check=onpolicy_check, batch_size=4, timestep_fraction=1.0, timesteps_per_call=per_call, num_inner_epochs=1,
                    gradient_accumulation_steps=1, max_grad_norm=1.0, clip_range=1e-3, clip_range_high=-1.0,
                    adv_clip_max=5.0, beta=beta, kl_type="gaussian"),
     ))
@@ -61,6 +62,66 @@ def test_update_is_on_policy_first_and_moves_weights():
     assert ctx.state.global_step == 2  # 8 samples / batch 4 = 2 optimizer steps (accumulating 4 timesteps / 2 per call)
     assert m["nonfinite_loss"] == 0 and m["skipped_steps"] == 0
     assert any(not torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
+
+
+def test_cfg_mismatch_stops_before_any_update(capsys):
+    """Sampled with CFG 2.0, trained without it (train.cfg=False): the ratio of the first calls is far from 1, and
+    the default train.onpolicy_check="stop" ends the epoch in one line before the optimizer moves a weight."""
+    from ddpo_grpo.errors import VerificationError
+
+    ctx = make_ctx(per_call=2, cfg=False)
+    samples, adv = make_samples(ctx)
+    before = [p.detach().clone() for p in ctx.unet.parameters()]
+    with pytest.raises(VerificationError) as e:
+        train_epoch(ctx, samples, adv, epoch=0)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("on-policy check failed in epoch 0 before any update")
+    assert "train.cfg=False" in msg and "tolerance 1.0e-05" in msg and "denoising step" in msg and "sample " in msg
+    dev = float(msg.split("|r - 1| = ")[1].split()[0])
+    assert dev > 1e-3
+    assert ctx.state.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
+
+
+def test_cfg_mismatch_warns_and_trains_with_warn(capsys):
+    from ddpo_grpo.core.loss import onpolicy_tolerance
+
+    ctx = make_ctx(per_call=2, cfg=False, onpolicy_check="warn")
+    samples, adv = make_samples(ctx)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    out = capsys.readouterr().out
+    assert out.count("warning: on-policy check failed in epoch 0") == 1
+    assert m["onpolicy_ratio_max_dev"] > onpolicy_tolerance(torch.float32, 1e-3)
+    assert ctx.state.global_step == 2  # it trained on
+    ctx = make_ctx(per_call=2, cfg=False, onpolicy_check="off")
+    samples, adv = make_samples(ctx)
+    train_epoch(ctx, samples, adv, epoch=0)
+    assert "on-policy" not in capsys.readouterr().out
+
+
+def test_onpolicy_check_setting_is_validated():
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer.verification import check_onpolicy_config
+
+    for mode in ("stop", "warn", "off"):
+        check_onpolicy_config(make_ctx(onpolicy_check=mode).config)
+    with pytest.raises(ConfigError, match=r"train.onpolicy_check='stp'; choose one of \('stop', 'warn', 'off'\)"):
+        check_onpolicy_config(make_ctx(onpolicy_check="stp").config)
+
+
+def test_onpolicy_check_names_the_worst_transition():
+    """One stored log-prob corrupted by 0.05 (as a wrong condition for one sample would): the line names that
+    sample's step and condition, not the first call's."""
+    from ddpo_grpo.errors import VerificationError
+
+    ctx = make_ctx(per_call=2)
+    samples, adv = make_samples(ctx)
+    samples.log_probs[6, 2] += 0.05
+    with pytest.raises(VerificationError) as e:
+        train_epoch(ctx, samples, adv, epoch=0)
+    msg = str(e.value)
+    assert f"denoising step {int(samples.step_indices[2])} " in msg and "sample 6 of process 0 (condition 1)" in msg
+    assert abs(float(msg.split("|r - 1| = ")[1].split()[0]) - (math.exp(0.05) - 1)) < 1e-4
 
 
 def test_kl_to_ema_reference_without_gradients_to_it():
@@ -111,6 +172,32 @@ def test_nonfinite_loss_is_skipped_and_counted():
     assert any(not torch.equal(a, b) for a, b in zip(before, ctx.unet.parameters()))
 
 
+def test_nonfinite_gradient_norm_is_counted_not_averaged():
+    """The first optimizer step's gradient is made infinite (a hook on one weight, first two backward calls): that
+    step is skipped and counted in skipped_steps, and grad_norm is the mean over the steps taken -- the second step's
+    norm as clip_grad_norm_ returned it -- not inf."""
+    ctx = make_ctx(per_call=2)
+    samples, adv = make_samples(ctx)
+    calls, norms = [0], []
+    clip = ctx.accelerator.clip_grad_norm_
+
+    def record(*a, **k):
+        norms.append(float(clip(*a, **k)))
+        return norms[-1]
+
+    ctx.accelerator.clip_grad_norm_ = record
+
+    def poison(g):
+        calls[0] += 1
+        return g * float("inf") if calls[0] <= 2 else g
+
+    next(ctx.unet.parameters()).register_hook(poison)
+    m = train_epoch(ctx, samples, adv, epoch=0)
+    assert len(norms) == 2 and not math.isfinite(norms[0]) and math.isfinite(norms[1]) and norms[1] > 0
+    assert m["skipped_steps"] == 1 and ctx.state.global_step == 1
+    assert m["grad_norm"] == norms[1]
+
+
 def _first_call_step(ctx, unet, samples):
     """policy_step on the epoch's first training call (its samples x timesteps), with the given weights."""
     from ddpo_grpo.core.policy_step import policy_step
@@ -152,6 +239,7 @@ def test_target_shift_kl_sets_the_next_steps_lr_and_the_run_state():
     assert m["policy_shift_kl"] > 2e-30 and m["lr_scale"] == ctx.state.lr_scale == 1 / 1.5
     assert ctx.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 / 1.5, rel=1e-12)
     ctx.config.train.target_shift_kl = 1e30  # far under target: back up, from the scale it had
+    ctx.config.train.onpolicy_check = "off"  # epoch 1 re-trains epoch 0's samples: off-policy by construction
     m = train_epoch(ctx, samples, adv, epoch=1)
     assert ctx.state.lr_scale == pytest.approx(1.0) and ctx.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
     assert m["lr"] == pytest.approx(1e-3 / 1.5)  # this epoch's steps ran at the scale the last epoch set
@@ -221,7 +309,8 @@ def test_kl_steps_all_pulls_the_untrained_steps_towards_the_reference():
         with torch.no_grad():
             for p in ctx.unet.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-        ctx.config.train.update(min_step_std=0.5, kl_steps=kl_steps)
+        # the policy was moved after sampling on purpose: off-policy by construction, not a mismatch to stop on
+        ctx.config.train.update(min_step_std=0.5, kl_steps=kl_steps, onpolicy_check="off")
         samples.step_std = torch.tensor([1.0, 1.0, 0.1, 0.1])  # columns 0-1 trained, 2-3 not
         adv.advantages.zero_()
         rows = torch.arange(N).repeat(2)
@@ -237,3 +326,27 @@ def test_kl_steps_all_pulls_the_untrained_steps_towards_the_reference():
     assert before == before_all > 0
     assert "kl_untrained" not in m_trained and m_all["kl_untrained"] > 0
     assert after_all < after_trained  # the untrained steps were pulled back only with "all"
+
+
+def test_the_runs_tolerance_follows_its_dtype_and_clip_range():
+    """core.loss.onpolicy_tolerance through the trainer's reading of the run: float32 on CPU 1e-5; bf16 / fp16, and
+    float32 on CUDA with TF32 kernels, half the clip range (docs/reliability.md says why)."""
+    from ddpo_grpo.core.loss import onpolicy_tolerance
+    from ddpo_grpo.trainer.verification import run_tolerance
+
+    cfg = make_ctx().config
+    acc = lambda mp, dev="cpu": types.SimpleNamespace(mixed_precision=mp, device=torch.device(dev))  # noqa: E731
+    assert run_tolerance(cfg, acc("no")) == (1e-5, "float32")
+    assert run_tolerance(cfg, acc("bf16")) == (cfg.train.clip_range / 2, "bfloat16")
+    assert run_tolerance(cfg, acc("fp16")) == (cfg.train.clip_range / 2, "float16")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # process-wide: restored below
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert run_tolerance(cfg, acc("no", "cuda")) == (cfg.train.clip_range / 2, "float32 with TF32 kernels")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        assert run_tolerance(cfg, acc("no", "cuda")) == (1e-5, "float32")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert onpolicy_tolerance(torch.float32, 1e-5) == 5e-6  # never above half the clip range
+    with pytest.raises(ValueError):
+        onpolicy_tolerance(torch.bfloat16, 0.0)

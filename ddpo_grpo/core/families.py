@@ -281,9 +281,29 @@ def get_family(family: Union[str, ModelFamily]) -> ModelFamily:
         raise ValueError(f"unknown model family {family!r}; expected {known}") from None
 
 
-def family_of_scheduler(class_name: Optional[str]) -> ModelFamily:
+# Scheduler classes whose config is a DDPM noise schedule (betas over num_train_timesteps, an epsilon / v / sample
+# prediction): DDIMScheduler reads it as it is, as DDPO does for Stable Diffusion checkpoints (SD 1.5's PNDM, SDXL's
+# Euler). tests/test_schedulers.py samples and re-scores each. Anything else (EDM / VE / consistency schedules, flow
+# schedulers other than FlowMatchEuler) has another noise schedule, which a DDIM reading would silently get wrong.
+DDIM_SCHEDULER_CLASSES = (
+    "DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "LMSDiscreteScheduler", "EulerDiscreteScheduler",
+    "EulerAncestralDiscreteScheduler", "HeunDiscreteScheduler", "DPMSolverMultistepScheduler",
+    "DPMSolverSinglestepScheduler", "KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler",
+    "DEISMultistepScheduler", "UniPCMultistepScheduler")
+
+
+def family_of_scheduler(class_name: Optional[str], where: str = "") -> ModelFamily:
     """The family of a checkpoint, from its scheduler's class name (scheduler_config.json's `_class_name`):
-    flow-matching for FlowMatchEulerDiscreteScheduler; anything else is loaded as DDIM, as DDPO does for Stable
-    Diffusion checkpoints (PNDM, Euler, ... share DDIM's noise schedule config)."""
+    flow-matching for FlowMatchEulerDiscreteScheduler, DDIM for DDIM_SCHEDULER_CLASSES. Any other class (or none) is
+    one ConfigError line naming the supported ones (where: the folder, for the message). Multistep configs over flow
+    sigmas (Wan's UniPC with use_flow_sigmas) are recognised by models.base.flow_sigmas_config before this."""
     flow = FAMILIES["flow"]
-    return flow if class_name == flow.scheduler_class_name else FAMILIES["ddim"]
+    if class_name == flow.scheduler_class_name:
+        return flow
+    if class_name in DDIM_SCHEDULER_CLASSES:
+        return FAMILIES["ddim"]
+    raise ConfigError(
+        f"{where + ': ' if where else ''}scheduler class {class_name!r} is not supported; the flow family samples "
+        f"{flow.scheduler_class_name} (or a multistep config with use_flow_sigmas / prediction_type "
+        f"'flow_prediction'), the DDIM family reads {', '.join(DDIM_SCHEDULER_CLASSES)}; save the folder's scheduler "
+        "as one of these")

@@ -11,6 +11,35 @@ KL_TYPES = ("gaussian", "k3")
 # Where the KL to the reference is taken: at the trained steps, or at every step (trainer/training.py).
 KL_STEPS = ("trained", "all")
 
+# The on-policy check (trainer/verification.py check_onpolicy): before an epoch's first optimizer step the policy is
+# the sampling policy, so exp(logp - logp_old) of every re-scored transition must be 1 up to the arithmetic.
+ONPOLICY_TOL_EXACT = 1e-5  # float32 re-scoring: other rows in a call sum in another order (1.7e-6 measured)
+
+
+def onpolicy_tolerance(dtype: torch.dtype, clip_range: float, tf32: bool = False) -> float:
+    """The largest |r - 1| (r = exp(logp - logp_old), before any update) a run of this compute dtype accepts; the
+    one definition the trainer's check and the tests use.
+
+    float32 (tf32 False): ONPOLICY_TOL_EXACT (or half the clip range if that is smaller). Re-scoring differs from
+    sampling only in summation order (another batch composition), 1.7e-6 at most measured on the tiny models.
+
+    bf16 / fp16, or float32 with TF32 kernels (tf32=True: CUDA with allow_tf32, an NPU's HF32): clip_range / 2.
+    Measured on the tiny models (benchmarks/onpolicy_dtype.py, docs/reliability.md): a transition re-scored in bf16 with
+    other rows, shuffled or stacked, gives |r - 1| = 0 on a CPU (its kernels are row-independent), but a bf16
+    computation is up to 4e-5..2.7e-3 from float32's at steps of std >= 0.15 (0.03..0.3 at std ~0.01), and |r - 1|
+    grows as 1/std; two bf16 paths that sum differently (a GPU kernel chosen per batch shape) can be twice that
+    apart. That floor is above the 1e-4 clip range of the bf16 configs, so no bound tied to the dtype alone is
+    below every clip range. What the check must guarantee is the clipped loss's premise: a deviation of half the
+    clip range leaves every sample at least half the trust region on each side before it is clipped, so the first
+    update still trains every sample; beyond it, rounding alone clips (or nearly clips) samples of the sampling
+    policy itself, which the run must not do silently.
+    """
+    if clip_range <= 0:
+        raise ValueError(f"clip_range must be > 0, got {clip_range}")
+    if dtype == torch.float32 and not tf32:
+        return min(ONPOLICY_TOL_EXACT, clip_range / 2)
+    return clip_range / 2
+
 
 @dataclass
 class KLInputs:

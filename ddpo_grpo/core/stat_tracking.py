@@ -146,8 +146,9 @@ class PerPromptStatTracker:
         adv = np.zeros_like(r2)
 
         if self.std_mode == "running":
-            mean, std = self._update_running(r2)
-            adv = np.divide(r2 - mean, std, out=np.zeros_like(r2), where=std > self.eps)
+            self._update_running(r2)
+            mean, std, zero = self.baseline(None, r2, r2)
+            adv = np.divide(r2 - mean, std, out=np.zeros_like(r2), where=~zero)
         else:
             for key, idx in groups.items():
                 adv[idx] = self._group_advantages(key, r2[idx], r2)
@@ -161,7 +162,6 @@ class PerPromptStatTracker:
 
     def _group_advantages(self, key: Hashable, g: np.ndarray, batch: np.ndarray) -> np.ndarray:
         """(n, T) advantages of one group from its (n, T) rewards; batch: the whole (B, T) batch."""
-        base = g  # the rewards the baseline (and the zero-spread test) is taken over
         if self.buffer_size is not None:
             hist = self.history.get(key)
             if hist is None:
@@ -169,8 +169,21 @@ class PerPromptStatTracker:
             if hist and hist[0].shape != g.shape[1:]:
                 raise ValueError(f"key {key!r}: history has {hist[0].shape} columns, rewards {g.shape[1:]}")
             hist.extend(g.copy())
-            base = np.stack(hist) if len(hist) >= self.min_count else batch
-        centered = g - base.mean(axis=0)
+        mean, scale, zero = self.baseline(key, g, batch)
+        return np.divide(g - mean, scale, out=np.zeros_like(g), where=~zero)
+
+    def baseline(self, key: Hashable, g: np.ndarray, batch: np.ndarray):
+        """The statistics a group's advantages are (r - mean) / scale of, zero where `zero`, from the tracker's state
+        after the update() that computed them: the one rule the advantages and the live check
+        (trainer/verification.py) both use. g: the key's (n, T) rewards in that call; batch: the call's (B, T).
+        Returns (mean (T,), scale (T,), zero (T,) bool), float64."""
+        if self.std_mode == "running":
+            std = np.sqrt(self.running_var)
+            return self.running_mean, std, ~(std > self.eps)
+        base = g  # the rewards the baseline (and the zero-spread test) is taken over
+        if self.buffer_size is not None:
+            hist = self.history.get(key)
+            base = np.stack(hist) if hist is not None and len(hist) >= self.min_count else batch
         # The zero test uses the baseline's spread in every mode: a constant group's centred
         # rewards are float noise (~1e-17), which "global"/"none" would otherwise pass on.
         zero = zero_spread(base, self.eps)
@@ -181,7 +194,7 @@ class PerPromptStatTracker:
             zero = zero | zero_spread(batch, self.eps)
         else:
             scale = np.ones(g.shape[1])
-        return np.divide(centered, scale, out=np.zeros_like(g), where=~zero)
+        return base.mean(axis=0), scale, zero
 
     def _update_running(self, r2: np.ndarray):
         """Mix this batch into the running mean/var; returns the (T,) mean and std to use."""

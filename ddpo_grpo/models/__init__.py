@@ -173,8 +173,9 @@ def load_pipeline(path_or_name: str, torch_dtype: torch.dtype = torch.float32, d
     base and loads in torch_dtype (component_dtype).
 
     The scheduler class decides the sampler family (core.families.family_of_scheduler): FlowMatchEulerDiscreteScheduler
-    -> "flow", anything else is loaded as a DDIMScheduler from its config ("ddim"), as DDPO does for Stable Diffusion
-    checkpoints. num_frames: frames of a video model's samples (0: its default); refused for image models.
+    -> "flow", the DDPM-schedule classes (DDIM_SCHEDULER_CLASSES: PNDM, Euler, DPM-Solver, ...) are loaded as a
+    DDIMScheduler from their config ("ddim"), as DDPO does for Stable Diffusion checkpoints; any other is one
+    ConfigError line. num_frames: frames of a video model's samples (0: its default); refused for image models.
     """
     adapter = model_adapter(path_or_name, recam_checkpoint)
     if num_frames and not getattr(adapter, "video", False):

@@ -297,7 +297,7 @@ def scheduler_family(path: str) -> str:
 
     with open(os.path.join(path, "scheduler", "scheduler_config.json")) as f:
         cfg = json.load(f)
-    return "flow" if flow_sigmas_config(cfg) else family_of_scheduler(cfg.get("_class_name", "")).name
+    return "flow" if flow_sigmas_config(cfg) else family_of_scheduler(cfg.get("_class_name"), f"model {path!r}").name
 
 
 # What a DDIM reading fills where a folder's scheduler config is silent: the DDIM family's (core.families).
@@ -325,7 +325,7 @@ def load_scheduler(path: str, dynamic_shift: bool = False, **overrides):
         takes = inspect.signature(FlowMatchEulerDiscreteScheduler.__init__).parameters  # (no warning for the rest)
         cfg = dict({k: v for k, v in cfg.items() if k in takes}, _class_name="FlowMatchEulerDiscreteScheduler",
                    shift=overrides.get("shift", cfg.get("flow_shift") or 1.0))
-    family = family_of_scheduler(cfg.get("_class_name"))
+    family = family_of_scheduler(cfg.get("_class_name"), f"model {path!r}")
     cfg = family.fill_config(cfg)
     if cfg.get("use_dynamic_shifting") and not dynamic_shift:
         from ddpo_grpo.errors import ConfigError

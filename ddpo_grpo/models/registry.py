@@ -64,12 +64,23 @@ def supported_classes() -> List[str]:
 
 
 def model_index_class(path: str) -> Optional[str]:
-    """The folder's model_index.json `_class_name`, or None without that file."""
+    """The folder's model_index.json `_class_name`, or None without that file. A model_index.json that does not name
+    its pipeline class (no `_class_name`, or not a JSON object) is one ConfigError line naming the supported classes:
+    guessing Stable Diffusion for it would load an SD3 / FLUX / Wan folder with the wrong adapter and fail deep inside
+    diffusers."""
     f = os.path.join(path, "model_index.json")
     if not os.path.isfile(f):
         return None
-    with open(f) as fh:
-        return json.load(fh).get("_class_name")
+    try:
+        with open(f) as fh:
+            index = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model {path!r}: model_index.json cannot be read ({_one_line(e)})") from None
+    cls = index.get("_class_name") if isinstance(index, dict) else None
+    if not isinstance(cls, str) or not cls:
+        raise ConfigError(f"model {path!r}: model_index.json names no pipeline class (`_class_name`); add the one "
+                          f"its components form, one of the supported: {', '.join(supported_classes()) or '(none)'}")
+    return cls
 
 
 def _one_line(e: BaseException) -> str:
@@ -77,7 +88,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def adapter_for(path: str):
-    """The adapter of a model folder, by its model_index.json's `_class_name` (DEFAULT_CLASS without one). One
+    """The adapter of a model folder, by its model_index.json's `_class_name` (DEFAULT_CLASS for a folder without
+    model_index.json: the bundled models, older SD folders; one ConfigError line for a model_index.json without it). One
     ConfigError line for a class no adapter loads (listing those that do), and for a plugin that cannot be imported
     or whose object is not a ModelAdapter (naming the entry point and its distribution)."""
     from .base import ModelAdapter

@@ -11,15 +11,33 @@ from ddpo_grpo.errors import ConfigError
 
 
 def npu_available() -> bool:
+    """Whether this process runs on Ascend NPUs: torch_npu installed, importable and reporting a device. Not
+    installed, or installed on a machine without NPUs (is_available() False): False. Installed but broken (its import
+    fails for anything but torch_npu itself being absent, e.g. CANN's libraries not found or a wheel built for
+    another torch, or its device query raises): one ConfigError line, since the run would otherwise train on
+    CPU/CUDA without a word on a machine meant for NPUs."""
     if importlib.util.find_spec("torch_npu") is None:
         return False
-    try:
-        import torch
-        import torch_npu  # noqa: F401  (registers the "npu" device with torch)
+    import torch
 
+    try:
+        import torch_npu  # noqa: F401  (registers the "npu" device with torch)
+    except ModuleNotFoundError as e:
+        if e.name == "torch_npu":  # a stale path entry: not installed after all
+            return False
+        raise ConfigError(_broken_npu("cannot be imported", e)) from None
+    except Exception as e:  # noqa: BLE001 - any failure of an installed torch_npu is the same one line
+        raise ConfigError(_broken_npu("cannot be imported", e)) from None
+    try:
         return bool(torch.npu.is_available())
-    except Exception:  # CANN libraries missing: the wheel is installed but cannot run here
-        return False
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(_broken_npu("cannot initialise its devices", e)) from None
+
+
+def _broken_npu(what: str, e: BaseException) -> str:
+    return (f"torch_npu is installed but {what} ({type(e).__name__}: {' '.join(str(e).split())}): a broken torch_npu / "
+            "CANN install would silently run this job on CPU/CUDA; fix it (source CANN's set_env.sh, install the "
+            "torch_npu built for this torch) or uninstall torch_npu, or set ACCELERATE_USE_CPU=1 to run on CPU")
 
 
 def cpu_forced() -> bool:
@@ -81,7 +99,8 @@ def check_launch(config, device: str, environ=None) -> None:
       still sets MASTER_ADDR (it does so only for several processes or machines) but no WORLD_SIZE.
     * accelerate's parallelism_config (fsdp2_hybrid.yaml): its mesh must hold every process. On CPU processes
       accelerate refuses a parallelism_config and does not use DeepSpeed: both are refused here, outside a dry run
-      (which may check a GPU launch from a CPU machine). FSDP launches on CPU run plain DDP (accelerate's choice).
+      (which may check a GPU launch from a CPU machine). An FSDP launch on CPU, which accelerate runs as plain DDP, is
+      refused once the Accelerator exists (scale.check_engine_applied).
     * Mixed precision (one rule): config.mixed_precision decides where it is set; "" (as launched) takes the
       launch's setting (ACCELERATE_MIXED_PRECISION: the YAML's line or --mixed_precision) on GPU/NPU, and fp32 on
       CPU, where bf16 autocast is many times slower (no bf16 units) and fp16 does nothing. On CPU only an explicit

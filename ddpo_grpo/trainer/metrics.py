@@ -27,9 +27,9 @@ METRIC_RULES = {
     "loss_sup": "mean",  # the supervised term, per call
     "kl_untrained": "mean",  # train.kl_steps "all": per micro-batch, over its samples
     "onpolicy_ratio_max_dev": "max",  # max |r - 1| before the epoch's first optimizer step
-    "grad_norm": "mean",  # per optimizer step (already the same on every process)
+    "grad_norm": "mean",  # per optimizer step taken (the same on every process); a non-finite one is not averaged in
     "nonfinite_loss": "sum",  # calls whose loss was not finite (skipped)
-    "skipped_steps": "steps",  # optimizer steps skipped for a non-finite gradient
+    "skipped_steps": "steps",  # optimizer steps skipped for a non-finite gradient norm: counted, not in grad_norm
     # set once per epoch, identical on every process
     "policy_shift_kl": "shared",  # gathered mean in policy_shift_kl
     "lr": "shared", "lr_scale": "shared", "timesteps_per_call": "shared",

@@ -1,10 +1,12 @@
 """Sharded engines (FSDP2, DeepSpeed) as selected by `accelerate launch --config_file config/accelerate/*.yaml`:
-which one a launch picked, the combinations the trainer refuses at start (one ConfigError line), DTensor helpers
-for code that reads whole parameters (core/reference.py has its own: core does not import the trainer), and a test-only switch that makes accelerate honour FSDP2 on CPU (gloo).
+which one a launch picked, the combinations the trainer refuses at start (one ConfigError line), and DTensor helpers
+for code that reads whole parameters (core/reference.py has its own: core does not import the trainer).
 
 accelerate 1.15 turns FSDP on only for GPU-like process groups (AcceleratorState sets DistributedType.FSDP in its
-MULTI_GPU/NPU/XPU/... branch); on CPU processes an FSDP launch silently runs DDP. torch's fully_shard itself runs
-on a CPU mesh over gloo, so `enable_fsdp_on_cpu()` (tests only) lets the trainer's FSDP2 path be exercised here.
+MULTI_GPU/NPU/XPU/... branch); on CPU processes an FSDP launch would silently run DDP. `check_engine_applied` stops
+such a run in one line once the Accelerator exists. torch's fully_shard itself runs on a CPU mesh over gloo
+(scripts/probe_fsdp2_gloo.py): tests/fsdp_cpu_train.py patches accelerate (tests only) so that the trainer's FSDP2
+path is exercised here, and then passes this check because accelerate really built an FSDP run.
 """
 from __future__ import annotations
 
@@ -96,28 +98,20 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def enable_fsdp_on_cpu() -> None:
-    """Tests only: make accelerate keep an FSDP plugin on CPU processes (gloo) instead of silently running DDP.
-    Call before the Accelerator is built; the launch must be an FSDP one (ACCELERATE_USE_FSDP=true)."""
-    from accelerate.state import AcceleratorState, PartialState
+def check_engine_applied(accelerator) -> None:
+    """The engine the launch asked for (engine()) against the one accelerate built: an FSDP launch that accelerate
+    turned into DDP (CPU processes, see the module docstring) is one ConfigError line, not a silent unsharded run.
+    Call right after the Accelerator is made, before any model loads."""
+    import accelerate
     from accelerate.utils import DistributedType
 
-    original = AcceleratorState.__init__
-    if getattr(original, "_fsdp_on_cpu", False):
-        return
-
-    def init(self, mixed_precision=None, cpu=False, dynamo_plugin=None, deepspeed_plugin=None, fsdp_plugin=None,
-             *args, **kwargs):
-        original(self, mixed_precision, cpu, dynamo_plugin, deepspeed_plugin, fsdp_plugin, *args, **kwargs)
-        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
-            self.distributed_type = DistributedType.FSDP
-            if self._mixed_precision != "no":
-                fsdp_plugin.set_mixed_precision(self._mixed_precision)
-            self.fsdp_plugin = fsdp_plugin
-            PartialState._shared_state["distributed_type"] = self.distributed_type  # as accelerate does on GPU
-
-    init._fsdp_on_cpu = True
-    AcceleratorState.__init__ = init
+    if engine() == "fsdp2" and accelerator.distributed_type != DistributedType.FSDP:
+        got = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
+        raise ConfigError(
+            f"an FSDP launch (config/accelerate/fsdp2.yaml) but accelerate {accelerate.__version__} built a {got} run "
+            f"on {accelerator.device.type.upper()} processes: it runs FSDP on GPU/NPU/XPU processes only, and this run "
+            "would train unsharded as plain DDP; on CPU launch config/accelerate/ddp.yaml with ACCELERATE_USE_CPU=1 "
+            "instead (the same training), or run fsdp2.yaml on GPUs/NPUs")
 
 
 def after_prepare(accelerator, unet: torch.nn.Module) -> torch.nn.Module:

@@ -19,6 +19,7 @@ from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 from .build import adapt_lr_scale
 from .metrics import EpochMetrics
+from .verification import check_onpolicy
 
 
 def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
@@ -125,7 +126,8 @@ def cell_training_calls(cells: torch.Tensor, config, epoch: int, inner: int, ran
 
 def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
     """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
-    reference, zero the gradients. Shared by every objective."""
+    reference, zero the gradients. Shared by every objective. A skipped step is counted (skipped_steps) and its
+    norm left out of grad_norm, the mean over the steps taken: one inf would otherwise make the epoch's mean inf."""
     grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
     if torch.isfinite(torch.as_tensor(grad_norm)):
         ctx.optimizer.step()
@@ -133,10 +135,10 @@ def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics)
         ctx.state.global_step += 1
         if ctx.reference is not None:
             ctx.reference.step()
+        metrics.add("grad_norm", float(grad_norm))
     else:
         metrics.add("skipped_steps", 1.0)
     ctx.optimizer.zero_grad(set_to_none=True)
-    metrics.add("grad_norm", float(grad_norm))
 
 
 def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
@@ -169,6 +171,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
             ctx.state.timesteps_per_call = int(acc.gather(probe.reshape(1)).max())  # every process must agree
         per_call = ctx.state.timesteps_per_call
     first = None  # (idx, cols, step mean, std) of the epoch's first call, under the sampling policy
+    worst = (-1.0, 0, 0)  # (max |r - 1|, sample, column) of the calls before the first optimizer step
     untrained = untrained_columns(samples, config) if config.train.get("kl_steps", "trained") == "all" else None
     for inner in range(config.train.num_inner_epochs):
         if adv.cell_mask is None:
@@ -200,15 +203,19 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                     loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
                     acc.backward(loss / len(chunk))
                 rows = m.pop("_rows", 0.0)
-                ratio_dev = m.pop("_ratio_dev", None)
+                ratio_dev, ratio_at = m.pop("_ratio_dev", None), m.pop("_ratio_worst", None)
                 for key, v in m.items():  # grpo_loss's means over the call's kept rows; loss_sup one per call
                     metrics.add(key, v, 1.0 if key == "loss_sup" else rows)
                 if inner == 0 and start == 0:
                     # No optimizer step has happened yet in this epoch: the policy is the sampling policy.
                     if ratio_dev is not None:
                         metrics.add("onpolicy_ratio_max_dev", ratio_dev)
+                        if ratio_dev > worst[0]:
+                            worst = (ratio_dev, *ratio_at)
                     if ci == 0:
                         first = (idx, cols, res.mean.detach().float(), res.std.detach())
+            if inner == 0 and start == 0:  # before the first update: a mismatch stops here (train.onpolicy_check)
+                check_onpolicy(ctx, worst, samples, epoch)
             optimizer_step(ctx, params, metrics)
     shift = policy_shift_kl(ctx, settings, samples, *first)
     metrics.add("policy_shift_kl", shift)
@@ -227,7 +234,8 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
 def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params):
     """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows.
     Returns (loss, metrics, the policy's StepResult on those rows). metrics: grpo_loss's (means over the kept
-    rows), loss_sup, and privately _rows (the kept rows, their weight in the epoch's mean) and _ratio_dev."""
+    rows), loss_sup, and privately _rows (the kept rows, their weight in the epoch's mean), _ratio_dev and _ratio_worst
+    (max exp(|logp - logp_old|) - 1 over the kept rows, and its (sample, column))."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
     rows, c, inputs = _call_inputs(ctx, settings, samples, idx, cols)
@@ -254,8 +262,14 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         metrics = {k: float(v) for k, v in m.items()}
         metrics["loss"] = loss.item()
         metrics["_rows"] = float(keep.sum())
-        # exp(logp - logp_old) of every kept row: before the first optimizer step these must all be 1.
-        metrics["_ratio_dev"] = float((res.log_prob[keep].detach() - old[keep]).abs().max().exp() - 1)
+        # exp(|logp - logp_old|) - 1 of every kept row (>= |r - 1|): before the first optimizer step these must all be
+        # 0 (verification.check_onpolicy). NaN rows are left out: a non-finite loss is counted below.
+        d = (res.log_prob[keep].detach().float() - old[keep].float()).abs()
+        d = torch.where(torch.isnan(d), torch.full_like(d, -1.0), d)
+        j = int(d.argmax())
+        if d[j] >= 0:
+            metrics["_ratio_dev"] = float(d[j].exp() - 1)
+            metrics["_ratio_worst"] = (int(rows[keep.cpu()][j]), int(c[keep.cpu()][j]))
     else:
         loss = zero_loss(params)
     if ctx.supervised is not None:

@@ -7,15 +7,23 @@ check calls the same function on the same rewards, so it cannot disagree with th
 
 Branched sampling: each tree's leaves share one condition, and at each split every sibling group has exactly K
 trained cells (one per child), whose advantages have mean 0 / std 1, or are all 0 where the children's values have
-zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching."""
+zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching.
+
+History buffer / running statistics: the advantages are not per-epoch statistics, so group mean 0 / std 1 cannot be
+checked; the check then verifies what the tracker itself defines (verify_tracker_stats) and says which mode it is in.
+
+On-policy (check_onpolicy, called by training.py before the epoch's first optimizer step): every re-scored
+transition's ratio exp(logp - logp_old) must be 1 within core.loss.onpolicy_tolerance."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
 import numpy as np
+import torch
 
 from ddpo_grpo.core.branching import BranchSpec
-from ddpo_grpo.errors import VerificationError
+from ddpo_grpo.core.loss import onpolicy_tolerance
+from ddpo_grpo.errors import ConfigError, VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker, zero_spread
 
 MEAN_TOL = 1e-4
@@ -41,6 +49,10 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
         return verify_tree_groups(keys, advantages, cells, mask, rewards, tree, tracker, len(uniq), k)
     adv = advantages if advantages.ndim == 2 else advantages[:, None]
     rew = rewards if rewards.ndim == 2 else rewards[:, None]
+    bad = np.argwhere(mask[:, None] & ~np.isfinite(adv))
+    if len(bad):
+        raise VerificationError(f"advantage check failed: condition {keys[bad[0][0]]} column {int(bad[0][1])}: "
+                                f"advantage {adv[bad[0][0], bad[0][1]]} is not finite")
     # Per-epoch groups (no history buffer): every mode with a per-group baseline has group mean 0; group std
     # mode also has std 1. The running mode normalises by global running statistics: nothing per group to check.
     buffered = tracker.buffer_size is not None
@@ -74,6 +86,7 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
                 t = live[np.argmax(np.abs(s[live] - 1))]
                 if abs(s[t] - 1) > worst_std[0]:
                     worst_std = (float(abs(s[t] - 1)), key, int(t))
+    worst_tracker = verify_tracker_stats(keys, uniq, adv, rew, mask, tracker) if not check_stats else 0.0
     if check_stats and (worst_mean[0] > MEAN_TOL or worst_std[0] > STD_TOL):
         which = worst_mean if worst_mean[0] > MEAN_TOL else worst_std
         raise VerificationError(
@@ -89,14 +102,51 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
         "verify/adv_group_std_err_max": worst_std[0],
         "verify/zero_std_columns": float(zero_cols),
         "verify/trained_samples": float(mask.sum()),
+        "verify/adv_tracker_err_max": worst_tracker,  # history / running: |adv - the tracker's (r - mean) / std|
     }
-    table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols, check_stats)
+    table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols,
+                         "per-epoch" if check_stats else tracker_mode(tracker), worst_tracker)
     return metrics, table
 
 
-def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, checked) -> str:
+def tracker_mode(tracker: PerPromptStatTracker) -> str:
+    """Which statistics the advantages are taken with, in words, for the check's line."""
+    if tracker.std_mode == "running":
+        return (f"running statistics (mean {float(np.mean(tracker.running_mean)):.4g}, std "
+                f"{float(np.mean(np.sqrt(tracker.running_var))):.4g} after {tracker.running_count} updates)")
+    return (f"history buffer ({tracker.std_mode} mode, last {tracker.buffer_size} rewards per condition, the batch's "
+            f"statistics below {tracker.min_count})")
+
+
+def verify_tracker_stats(keys, uniq, adv, rew, mask, tracker: PerPromptStatTracker) -> float:
+    """History buffer / running statistics: no per-epoch group statistic holds, but every trained advantage must be
+    its reward standardised by the statistics the tracker holds for its condition (PerPromptStatTracker.baseline,
+    the rule that computed it), and 0 where they have zero spread. Catches advantages handed to the wrong sample or
+    condition, scaled, shifted or stale. keys (N,), adv / rew (N, T), mask (N,). Returns the worst
+    |adv - expected| / (1 + |expected|); raises VerificationError above MEAN_TOL, naming the condition and column."""
+    batch = rew[mask].astype(np.float64)  # what compute_advantages handed tracker.update
+    worst = 0.0
+    for key in uniq:
+        sel = (keys == key) & mask
+        if not sel.any():
+            continue
+        r = rew[sel].astype(np.float64)
+        mean, scale, zero = tracker.baseline(key.item() if isinstance(key, np.generic) else key, r, batch)
+        want = np.divide(r - mean, scale, out=np.zeros_like(r), where=~zero)
+        err = (np.abs(adv[sel].astype(np.float64) - want) / (1 + np.abs(want))).max(axis=0)
+        t = int(err.argmax())
+        if err[t] > MEAN_TOL:
+            raise VerificationError(
+                f"advantage check failed: condition {key} column {t}: advantages differ from the tracker's own "
+                f"(r - mean) / std by up to {err[t]:.2e} (tol {MEAN_TOL}; {tracker_mode(tracker)})")
+        worst = max(worst, float(err[t]))
+    return worst
+
+
+def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, mode, worst_tracker=0.0) -> str:
     head = (f"GRPO check: {n} samples = {m} conditions x k={k} (exact); "
-            + (f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; " if checked else "adv stats not per-epoch (history/running); ")
+            + (f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; " if mode == "per-epoch" else
+               f"adv from {mode}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / std per condition; ")
             + f"zero-std columns {zero_cols}/{cols}")
     lines = [head, f"  {'key':>8} {'n':>3} {'r_mean':>8} {'r_std':>8} {'a_mean':>9} {'a_std':>7}"]
     for key, cnt, rm, rs, am, as_ in rows[:8]:
@@ -160,3 +210,68 @@ def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec,
             f"leaves; sibling-group adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; zero-spread groups "
             f"{zero_groups}/{groups}")
     return metrics, "\n".join([head] + lines)
+
+
+ONPOLICY_CHECKS = ("stop", "warn", "off")  # train.onpolicy_check
+
+
+def check_onpolicy_config(config) -> None:
+    """train.onpolicy_check is one of ONPOLICY_CHECKS (validate_config: one line before anything loads)."""
+    mode = config.train.get("onpolicy_check", "stop")
+    if mode not in ONPOLICY_CHECKS:
+        raise ConfigError(f"train.onpolicy_check={mode!r}; choose one of {ONPOLICY_CHECKS}")
+
+
+def run_tolerance(config, accelerator) -> Tuple[float, str]:
+    """(core.loss.onpolicy_tolerance for this run, its dtype in words): the run computes in accelerate's mixed
+    precision; float32 on CUDA runs TF32 kernels when torch allows them (config.allow_tf32, cuDNN's default), and on
+    Ascend NPUs HF32 convolutions (torch_npu's torch.npu.conv.allow_hf32, on unless turned off)."""
+    from ddpo_grpo.models.base import run_dtype
+
+    dtype = run_dtype(accelerator.mixed_precision)
+    kind = torch.device(accelerator.device).type
+    npu_conv = getattr(getattr(torch, "npu", None), "conv", None)
+    tf32 = ((kind == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32))
+            or (kind == "npu" and bool(getattr(npu_conv, "allow_hf32", True))))
+    name = str(dtype).replace("torch.", "") + (" with TF32 kernels" if tf32 and dtype == torch.float32 else "")
+    return onpolicy_tolerance(dtype, config.train.clip_range, tf32), name
+
+
+def check_onpolicy(ctx, worst: Tuple[float, int, int], samples, epoch: int) -> Optional[str]:
+    """The on-policy check: worst = (max |r - 1|, sample index, stored column) of this process's first calls before
+    the epoch's first optimizer step (dev < 0: no kept row). A collective (one gather), so every process reaches the
+    same verdict and stops together. Above the tolerance: train.onpolicy_check "stop" raises VerificationError (exit
+    2), "warn" prints the line and returns it; None when within it or "off"."""
+    config, acc = ctx.config, ctx.accelerator
+    mode = config.train.get("onpolicy_check", "stop")
+    if mode == "off":
+        return None
+    dev, i, c = worst
+    key = int(samples.keys[i]) if dev >= 0 else -1
+    step = int(samples.step_indices[c]) if dev >= 0 else -1
+    t = float(samples.timesteps[c]) if dev >= 0 else -1.0
+    row = torch.tensor([dev, key, step, t, i, acc.process_index], dtype=torch.float64
+                       if torch.device(acc.device).type != "mps" else torch.float32, device=acc.device)
+    rows = acc.gather(row).reshape(-1, 6).double().cpu()
+    dev, key, step, t, i, rank = rows[int(rows[:, 0].argmax())].tolist()
+    tol, dtype = run_tolerance(config, acc)
+    if not dev > tol:
+        return None
+    s = config.sample
+    cfg = (f"CFG (sampled with sample.guidance_scale={s.guidance_scale} but trained without it: train.cfg=False)"
+           if s.guidance_scale != 1.0 and not config.train.cfg else "CFG differing between sampling and training")
+    rounding = ("rounding differs between call shapes: sample.batch_size = train.batch_size and "
+                "train.timesteps_per_call=1 give training sampling's shapes" if dtype != "float32" else
+                "float32 re-scoring differs by ~1e-6 only")
+    msg = (f"on-policy check failed in epoch {epoch} before any update: |r - 1| = {dev:.3g} at denoising step "
+           f"{int(step)} (timestep {t:g}), sample {int(i)} of process {int(rank)} (condition {int(key)}), above the "
+           f"{dtype} tolerance {tol:.1e} (core.loss.onpolicy_tolerance, clip_range {config.train.clip_range:g}); "
+           f"sampling and training score the same transition differently. Likely causes: {cfg}; the dtype "
+           f"(mixed_precision {acc.mixed_precision or 'no'}: {rounding}); scheduler settings "
+           "(eta / noise_level / sde_type / shift) changed between sampling and training; a condition (prompt "
+           "embedding, conditioning channels) other than the one sampled with; dropout in the denoiser's train mode. "
+           "train.onpolicy_check='warn' continues anyway")
+    if mode == "stop":
+        raise VerificationError(msg)
+    acc.print(f"warning: {msg}")
+    return msg
