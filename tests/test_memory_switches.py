@@ -90,8 +90,9 @@ def small(config):
 
 def test_lora_bf16_run_is_on_policy_and_full_finetune_keeps_fp32(cache, tmp_path):
     """The trainer under bf16 (autocast on CPU): LoRA on a bf16 base samples and re-scores every stored step with the
-    same weights, so the ratio is 1 within the documented bf16 bound (the log-probs are float32); a full fine-tune
+    same weights, so the ratio is 1 within the trainer's bf16 bound (core.loss.onpolicy_tolerance) (the log-probs are float32); a full fine-tune
     holds its denoiser in float32 (master weights)."""
+    from ddpo_grpo.core.loss import onpolicy_tolerance
     from ddpo_grpo.trainer.sampling import sample_epoch, sampler_settings
     from ddpo_grpo.trainer.training import _call_inputs, _score
 
@@ -111,7 +112,7 @@ def test_lora_bf16_run_is_on_policy_and_full_finetune_keeps_fp32(cache, tmp_path
                 res = _score(ctx, settings, _call_inputs(ctx, settings, samples, idx, torch.full((len(idx), 1), j))[2])
             assert res.log_prob.dtype == FP32
             ratio = torch.exp(res.log_prob - samples.log_probs[:, j].to(res.log_prob.device))
-            assert (ratio - 1).abs().max() < 1e-2, j
+            assert (ratio - 1).abs().max() <= onpolicy_tolerance(BF16, config.train.clip_range), j
     finally:
         close(ctx)
     config = small(grpo.get_config("tiny"))
