@@ -35,6 +35,11 @@ def get_config() -> ml_collections.ConfigDict:
     # models), "max-autotune". The first epoch pays the compile time.
     config.compile_unet = ""
     config.dry_run = False  # validate the config and batch geometry, print it, exit before loading models
+    # Seconds a process waits for the others at a collective (and at process-group start) before the job ends with
+    # one line (gloo/NCCL/HCCL: init_process_group's timeout). A dead peer on gloo is seen at once; a hung one, or one
+    # on NCCL/HCCL, after this. Long enough for the slowest legitimate wait: the main process writing a checkpoint
+    # or an export of a large model while the others wait, or ranks loading models at different speeds.
+    config.collective_timeout_s = 1800
 
     ###### Pretrained model ######
     config.pretrained = ml_collections.ConfigDict()

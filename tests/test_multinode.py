@@ -1,0 +1,172 @@
+"""Two "machines" on loopback: config/accelerate/ddp_multinode.yaml launched twice on this CPU machine (gloo,
+ACCELERATE_USE_CPU=1, --num_machines 2 --machine_rank 0|1 --main_process_ip 127.0.0.1), one process each, the
+second launch 1 s after the first, as a user would start two machines.
+
+* shared logdir (one filesystem): one run folder, named by machine 0's clock; the same rewards, advantages and weights
+  as a 2-process run on one machine; machine 1's processes SIGKILLed after the first checkpoint, machine 0 ends with one
+  line, and a resume of both ends bit-identical to the uninterrupted single-machine run.
+* a logdir per machine (no shared filesystem): one run folder per machine, same name; each holds complete checkpoints
+  for its own ranks; the same kill and resume, each machine from its own copy.
+* a peer that dies before the process group forms: the other ends within collective_timeout_s with one line.
+"""
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import cpu_env, launch_cmd
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPOCHS = 3
+TIMEOUT_S = 20  # collective_timeout_s of these runs: a dead or hung peer ends the job within it
+SMALL = ["--config", "config/grpo.py:tiny", f"--config.num_epochs={EPOCHS}", "--config.sample.num_steps=3",
+         "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1", "--config.sample.k=4",
+         "--config.train.batch_size=4", "--config.eval_freq=0", "--config.logging.wandb=False",
+         "--config.logging.tensorboard=False", "--config.logging.image_freq=0", "--config.logging.debug_dump=True",
+         "--config.train.timestep_fraction=1.0", "--config.save_freq=1", "--config.num_checkpoint_limit=1",
+         # the EMA reference and an LR warmup: state a resume must restore exactly
+         "--config.train.beta=0.05", "--config.train.reference_model_mixup_alpha=0.5",
+         "--config.train.lr_warmup_steps=5", f"--config.collective_timeout_s={TIMEOUT_S}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine_cmd(rank: int, port: int) -> list:
+    """The launch line of machine `rank` of 2 (one process each), as docs/scaling.md gives it."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "config/accelerate/ddp_multinode.yaml",
+            "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip",
+            "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--rdzv_conf", "timeout=120", "scripts/train.py", *SMALL]
+
+
+def two_machines(logdirs, extra=((), ()), kill_when=None):
+    """Machine 0, then 1 s later machine 1, each its own process group (like a separate machine), with
+    --config.logdir=logdirs[rank] and extra[rank]. kill_when: a function giving a path (or None); once that path
+    exists machine 1's launcher and workers are SIGKILLed. Returns (outputs, return codes, seconds machine 0 ran on
+    after the kill)."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        cmd = machine_cmd(rank, port) + [f"--config.logdir={logdirs[rank]}", *extra[rank]]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        time.sleep(1)
+    after_kill = None
+    if kill_when:
+        deadline = time.time() + 300
+        while procs[1].poll() is None and time.time() < deadline:
+            path = kill_when()
+            if path and os.path.exists(path):
+                break
+            time.sleep(0.05)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        killed = time.time()
+        procs[0].wait(timeout=TIMEOUT_S + 60)  # a hang fails here
+        after_kill = time.time() - killed
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    return outs, [p.returncode for p in procs], after_kill
+
+
+def dumps(run_dirs, epoch):
+    """Every rank's debug record of `epoch`, in rank order, from whichever run folder holds it."""
+    files = {os.path.basename(f): f for d in run_dirs
+             for f in glob.glob(os.path.join(d, "debug", f"epoch_{epoch:04d}_rank_*.json"))}
+    return [json.load(open(files[k])) for k in sorted(files)]
+
+
+def run_folders(logdir):
+    return sorted(p for p in glob.glob(os.path.join(str(logdir), "*")) if os.path.isdir(p))
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The reference: one machine, 2 processes, uninterrupted."""
+    tmp = tmp_path_factory.mktemp("single")
+    cmd = [*launch_cmd(2, 29100), "scripts/train.py", *SMALL, f"--config.logdir={tmp}", "--config.run_name=single"]
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return tmp / "single"
+
+
+def kill_and_resume(logdirs):
+    """Two machines; machine 1 SIGKILLed once its copy of the first checkpoint is complete; then both resumed, each
+    from its own run folder. Returns the run folders (machine 0's, machine 1's) and the resume's outputs."""
+    def first_ckpt():  # machine 1's view of the run folder rank 0 named
+        folders = run_folders(logdirs[1])
+        return os.path.join(folders[0], "checkpoints", "checkpoint_00001", "run_meta.json") if folders else None
+
+    outs, rcs, after_kill = two_machines(logdirs, kill_when=first_ckpt)
+    folders = [run_folders(d) for d in logdirs]
+    assert all(len(f) == 1 for f in folders), folders  # one run folder (one per machine without a shared filesystem)
+    run_dirs = [folders[0][0], folders[1][0]]
+    assert os.path.basename(run_dirs[0]) == os.path.basename(run_dirs[1])  # rank 0's name on both
+    assert rcs[0] != 0 and rcs[1] != 0, outs[0][-3000:]  # killed before the end: the resume has epochs left to run
+    line = [ln for ln in outs[0].splitlines() if "error: another process of this 2-process job stopped" in ln]
+    assert line and f"collective_timeout_s={TIMEOUT_S} s" in line[0], outs[0][-3000:]
+    assert "Traceback" not in outs[0], outs[0][-3000:]  # the trainer's one line (torchrun adds its summary)
+    assert after_kill < TIMEOUT_S + 30
+    outs, rcs, _ = two_machines(logdirs, extra=[[f"--config.resume_from={d}"] for d in run_dirs])
+    assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    resumed = [ln for ln in outs[0].splitlines() if "resumed from" in ln]
+    assert resumed and " at epoch " in resumed[0] and not resumed[0].endswith(f"at epoch {EPOCHS}")
+    return run_dirs, outs
+
+
+def assert_same_as_single(run_dirs, single):
+    for epoch in range(EPOCHS):
+        got, want = dumps(run_dirs, epoch), dumps([single], epoch)
+        assert len(got) == len(want) == 2
+        for a, b in zip(got, want):
+            for key in ("keys", "rewards", "advantages", "keys_all", "rewards_all", "advantages_all", "weights_sum",
+                        "weights_abs_sum"):
+                assert a[key] == b[key], (epoch, a["rank"], key)
+    final = f"checkpoints/checkpoint_{EPOCHS:05d}/model.safetensors"
+    want = load_file(os.path.join(single, final))
+    for d in run_dirs:
+        got = load_file(os.path.join(d, final))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_shared_logdir_one_run_exact_resume(tmp_path, single):
+    logdir = tmp_path / "shared"
+    run_dirs, outs = kill_and_resume([logdir, logdir])
+    assert run_dirs[0] == run_dirs[1]
+    ckpts = sorted(os.listdir(os.path.join(run_dirs[0], "checkpoints")))
+    assert ckpts == [f"checkpoint_{EPOCHS:05d}"]  # the limit of 1 kept; no .tmp- left over
+    names = set(os.listdir(os.path.join(run_dirs[0], "checkpoints", ckpts[0])))
+    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors", "export"} <= names
+    assert os.path.isdir(os.path.join(run_dirs[0], "export"))
+    assert_same_as_single(run_dirs, single)
+
+
+def test_logdir_per_machine_exact_resume(tmp_path, single):
+    run_dirs, outs = kill_and_resume([tmp_path / "m0", tmp_path / "m1"])
+    for rank, d in enumerate(run_dirs):  # a complete checkpoint for its own ranks on each machine
+        ckpt = os.path.join(d, "checkpoints", f"checkpoint_{EPOCHS:05d}")
+        names = set(os.listdir(ckpt))
+        assert {"model.safetensors", "optimizer.bin", "run_meta.json", f"random_states_{rank}.pkl"} <= names
+        assert f"random_states_{1 - rank}.pkl" not in names
+        assert ("export" in names) == (rank == 0)  # the export is the main process's (machine 0's) only
+    assert os.path.isfile(os.path.join(run_dirs[0], "run.json")) and not os.path.exists(
+        os.path.join(run_dirs[1], "run.json"))  # the wandb id: rank 0's
+    assert_same_as_single(run_dirs, single)
+
+
+def test_peer_dead_before_start_ends_with_one_line(tmp_path):
+    """Machine 1's trainer stops at its own start-up check (a resume folder it lacks) before the process group
+    forms: machine 0 waits collective_timeout_s for it, then ends with one line, no hang."""
+    outs, rcs, _ = two_machines([tmp_path, tmp_path], extra=[[], [f"--config.resume_from={tmp_path}/missing"]])
+    assert rcs[1] != 0 and "error: resume_from=" in outs[1]
+    assert rcs[0] != 0 and "error: another process of this 2-process job stopped" in outs[0], outs[0][-3000:]
+    assert "Traceback" not in outs[0]
