@@ -198,8 +198,41 @@ def test_logdir_per_machine_exact_resume(tmp_path, single):
 def test_peer_dead_before_start_ends_with_one_line(tmp_path):
     """Machine 1's trainer stops at its own start-up check (a resume folder it lacks) before the process group
     forms: machine 0 waits collective_timeout_s for it, then ends with one line, no hang."""
-    outs, rcs, _ = two_machines([tmp_path, tmp_path], extra=[[], [f"--config.resume_from={tmp_path}/missing"]])
+    outs, rcs, _ = two_machines([tmp_path, tmp_path], extra=[["--config.collective_timeout_s=8"],
+                                                             [f"--config.resume_from={tmp_path}/missing"]])
     assert rcs[1] != 0 and "error: resume_from=" in outs[1]
-    line = "error: another process of this 2-process job stopped"
+    line = "error: another process of this 2-process job stopped or did not answer within collective_timeout_s=8 s"
     assert rcs[0] != 0 and line in outs[0], outs[0][-3000:]
     assert "Traceback" not in outs[0][:outs[0].index(line)]  # the trainer's one line (torchrun's summary follows)
+
+
+def test_filesystem_layout():
+    """{machine's main rank: machines whose token it sees} -> shared, one per machine, or one line."""
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer.run_identity import filesystem_layout
+
+    assert filesystem_layout({0: (0, 8), 8: (0, 8)}) is True
+    assert filesystem_layout({0: (0,)}) is True
+    assert filesystem_layout({0: (0,), 8: (8,)}) is False
+    with pytest.raises(ConfigError, match="shared by some machines but not all"):
+        filesystem_layout({0: (0, 8), 8: (0, 8), 16: (16,)})
+
+
+def test_lost_peer_line():
+    """Which failures are a lost peer (one line) and which keep their traceback."""
+    import types
+
+    import torch.distributed as dist
+
+    from ddpo_grpo.trainer.devices import lost_peer_line
+
+    cfg = types.SimpleNamespace(collective_timeout_s=30)
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                        "[127.0.0.1]:38307: Connection reset by peer. This is typically caused by ...")
+    line = lost_peer_line(gloo, cfg, 16)
+    assert line.startswith("another process of this 16-process job stopped or did not answer within "
+                           "collective_timeout_s=30 s (RuntimeError: [") and "\n" not in line
+    assert "resume_from" in lost_peer_line(dist.DistStoreError("wait timeout after 8000ms, keys: /default_pg/0"), cfg, 2)
+    assert lost_peer_line(gloo, cfg, 1) is None  # one process: nothing to lose
+    assert lost_peer_line(RuntimeError("CUDA out of memory"), cfg, 2) is None
+    assert lost_peer_line(ValueError("Connection reset by peer"), cfg, 2) is None

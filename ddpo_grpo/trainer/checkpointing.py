@@ -51,7 +51,8 @@ def writes_checkpoints(acc) -> bool:
     """Whether this process writes the checkpoint files shared by its filesystem's processes (model, optimizer, run
     objects, run_meta.json) and renames the folder: the global main process on a shared filesystem; each machine's
     local main process without one (accelerate's save_on_each_node, set by run_identity.agree_run)."""
-    return acc.is_local_main_process if acc.project_configuration.save_on_each_node else acc.is_main_process
+    per_machine = getattr(getattr(acc, "project_configuration", None), "save_on_each_node", False)
+    return acc.is_local_main_process if per_machine else acc.is_main_process
 
 
 def save_checkpoint(ctx, family: str) -> Optional[str]:

@@ -5,10 +5,11 @@ into its own folder and wait on the other at the first checkpoint. So, once the 
 anything is written, global rank 0 decides the run name and the wandb id and broadcasts them; every machine joins the
 name with its own `config.logdir` (the same path on a shared filesystem, or a local disk per machine).
 
-Whether the machines share that folder is detected, not configured: every process drops a token file named by a
-nonce from rank 0 into its run folder and reports which tokens it sees. All see all: a shared filesystem, and the
-global main process writes each checkpoint once. Each machine sees exactly its own processes: no shared filesystem,
-accelerate's `save_on_each_node` (each machine's local main process writes a complete checkpoint for its ranks).
+Whether the machines share that folder is detected, not configured: each machine's local main process drops a token
+file named by a nonce from rank 0 into its run folder and reports which machines' tokens it sees. All see all: a
+shared filesystem, and the global main process writes each checkpoint once. Each sees only its own: no shared
+filesystem, accelerate's `save_on_each_node` (each machine's local main process writes a complete checkpoint for its
+ranks; every process writes its own RNG state on its machine).
 Anything else (some machines share the folder, others do not) is one ConfigError line.
 
 A resume on several machines loads the newest checkpoint that every machine holds complete: a machine that died
@@ -84,29 +85,35 @@ def agree_run(acc, config, ckpt: str, default_name: str, family: str) -> RunPlac
 
 
 def _detect_shared(acc, run_dir: str, nonce: str) -> bool:
-    """True when every process sees every other's token in its run folder; False when each machine's processes see
-    exactly each other's (save on each node); ConfigError otherwise."""
+    """True when every machine sees the others' tokens in its run folder (one filesystem), False when each sees only
+    its own (save on each node); ConfigError otherwise. One token per machine, by its local main process; the
+    processes of a machine run the same command, so they share its view. Tokens are looked up by name, never
+    listed: a name no one looked up before is asked of the server (an NFS client may serve a listing from cache)."""
     if acc.num_processes == 1:
         return True
-    token = os.path.join(run_dir, f".machines-{nonce}-{acc.process_index}")
-    open(token, "w").close()
-    acc.wait_for_everyone()
-    prefix = f".machines-{nonce}-"
-    seen = sorted(int(f[len(prefix):]) for f in os.listdir(run_dir) if f.startswith(prefix))
-    every = gather((acc.process_index, acc.local_process_index, tuple(seen)), acc)
-    acc.wait_for_everyone()
-    os.remove(token)
-    if all(len(s) == acc.num_processes for _, _, s in every):
+    token = os.path.join(run_dir, f".machine-{nonce}-")
+    if acc.is_local_main_process:
+        with open(token + str(acc.process_index), "w") as f:
+            os.fsync(f.fileno())
+    # a collective: once it returns, every machine's token is written
+    mains = [r for r, is_main in enumerate(gather(acc.is_local_main_process, acc)) if is_main]
+    seen = tuple(r for r in mains if os.path.exists(token + str(r))) if acc.is_local_main_process else None
+    every = gather(seen, acc)  # once it returns, every machine has looked: the tokens may go
+    if acc.is_local_main_process:
+        os.remove(token + str(acc.process_index))
+    return filesystem_layout({r: every[r] for r in mains})
+
+
+def filesystem_layout(seen: dict) -> bool:
+    """seen: {local main rank: the local main ranks whose token it sees}, one entry per machine. True: one shared
+    filesystem; False: one per machine (each sees only its own); else ConfigError."""
+    if all(set(s) == set(seen) for s in seen.values()):
         return True
-    groups = {s for _, _, s in every}
-    # per machine: the groups partition the ranks, each holds one local main process, and each rank sees its group
-    local_mains = {r for r, local, _ in every if local == 0}
-    if (sorted(r for g in groups for r in g) == list(range(acc.num_processes))
-            and all(len(set(g) & local_mains) == 1 for g in groups) and all(r in s for r, _, s in every)):
+    if all(tuple(s) == (r,) for r, s in seen.items()):
         return False
     raise ConfigError(
-        f"the run folder is shared by some machines' processes but not all (ranks that see each other's files: "
-        f"{sorted(groups)}): give every machine a --config.logdir on one shared filesystem, or each machine a "
+        f"the run folder is shared by some machines but not all (machine main ranks and the machines' run folders "
+        f"each sees: {seen}): give every machine a --config.logdir on one shared filesystem, or each machine a "
         "folder of its own")
 
 
