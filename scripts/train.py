@@ -40,7 +40,7 @@ def main(_):
 
 def run(config):
     import torch
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration, set_seed
 
     from ddpo_grpo.trainer import devices
@@ -73,15 +73,15 @@ def run(config):
     devices.check_process_count(device, devices.local_process_count(), devices.visible_accelerators(device))
     trackers = [t for t, on in (("wandb", config.logging.wandb), ("tensorboard", config.logging.tensorboard)) if on]
     # cpu=True (no GPU/NPU, or ACCELERATE_USE_CPU) is what makes accelerate form a gloo group across CPU processes.
-    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision or None, log_with=trackers or None,
-                              project_config=ProjectConfiguration(), kwargs_handlers=devices.process_group_kwargs(config))
-    # One run on every machine (run_identity.py): rank 0 names it (config.run_name, a resumed checkpoint's run folder,
-    # or <config>_<time>); each machine's folder, shared or its own (then every machine keeps its own checkpoints),
-    # and the newest checkpoint all machines hold, before anything is written.
-    place = agree_run(accelerator, config, ckpt, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}", family)
+    # The process group forms first (gloo/NCCL/HCCL, config.collective_timeout_s): rank 0 names the run (run_name, a
+    # resumed checkpoint's run folder, or <config>_<time>) for every machine; each finds its folder, shared or its own
+    # (then each machine keeps its own checkpoints), and the newest checkpoint all hold, before anything is written.
+    place = agree_run(PartialState(cpu=device == "cpu", timeout=devices.collective_timeout(config)), config, ckpt,
+                      f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}", family)
     run_dir, ckpt = place.dir, place.ckpt
-    accelerator.project_configuration.set_directories(run_dir)
-    accelerator.project_configuration.save_on_each_node = not place.shared
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision or None, log_with=trackers or None,
+                              project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir,
+                                                                  save_on_each_node=not place.shared))
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
     devices.apply_cpu_settings(config, device)
     set_seed(config.seed, device_specific=True)

@@ -164,17 +164,15 @@ def apply_cpu_settings(config, device: str = "cpu") -> None:
         torch.set_flush_denormal(True)
 
 
-def process_group_kwargs(config) -> list:
-    """accelerate kwargs_handlers giving the process group config.collective_timeout_s (gloo, NCCL, HCCL alike):
-    how long a process waits for the others at start-up and at every collective before it raises."""
+def collective_timeout(config):
+    """config.collective_timeout_s as the process group's timeout (init_process_group's, which gloo, NCCL and HCCL
+    groups take): how long a process waits for the others at start-up and at every collective before it raises."""
     import datetime
-
-    from accelerate.utils import InitProcessGroupKwargs
 
     seconds = int(config.collective_timeout_s)
     if seconds <= 0:
         raise ConfigError(f"collective_timeout_s={config.collective_timeout_s}: give a positive number of seconds")
-    return [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=seconds))]
+    return datetime.timedelta(seconds=seconds)
 
 
 # What gloo / NCCL / HCCL / the c10d store say when a peer died or did not answer in time: torch 2.x raises DistError
