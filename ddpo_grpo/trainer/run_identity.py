@@ -60,8 +60,9 @@ def gather(obj, acc) -> list:
 
 def agree_run(acc, config, ckpt: str, default_name: str, family: str) -> RunPlace:
     """The run's folder on this machine, whether all machines share it, and the checkpoint to resume from.
-    Every process calls it, after the Accelerator exists and before anything is written. ckpt: this machine's
-    check_resume result ("" for a fresh run); default_name: the `<config>_<timestamp>` name (rank 0's is used)."""
+    Every process calls it once the process group exists (acc: accelerate's PartialState, or the Accelerator) and
+    before anything is written. ckpt: this machine's check_resume result ("" for a fresh run); default_name: the
+    `<config>_<timestamp>` name (rank 0's is used)."""
     from .scale import engine
 
     if config.run_name:
