@@ -155,28 +155,41 @@ def kill_and_resume(logdirs, per_machine=1):
                                 per_machine=per_machine)
     assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     resumed = [ln for ln in outs[0].splitlines() if "resumed from" in ln]
-    assert resumed and " at epoch " in resumed[0] and not resumed[0].endswith(f"at epoch {EPOCHS}")
-    return run_dirs, outs
+    assert resumed and " at epoch " in resumed[0]
+    at = int(resumed[0].rsplit(" ", 1)[1])
+    assert 1 <= at < EPOCHS
+    return run_dirs, at
 
 
-def assert_same_as_single(run_dirs, single, nproc=2):
+def assert_same_as_single(run_dirs, single, nproc=2, rounding_from=None):
+    """Every epoch's records and the final weights equal the single-machine run's, bit for bit. rounding_from: the
+    epoch from which weights may differ by summation order only (a resume with more than 2 DDP processes: see
+    test_two_processes_per_machine_logdir_per_machine)."""
     for epoch in range(EPOCHS):
         got, want = dumps(run_dirs, epoch), dumps([single], epoch)
         assert len(got) == len(want) == nproc
         for a, b in zip(got, want):
-            for key in ("keys", "rewards", "advantages", "keys_all", "rewards_all", "advantages_all", "weights_sum",
-                        "weights_abs_sum"):
+            for key in ("keys", "rewards", "advantages", "keys_all", "rewards_all", "advantages_all"):
                 assert a[key] == b[key], (epoch, a["rank"], key)
+            for key in ("weights_sum", "weights_abs_sum"):
+                if rounding_from is not None and epoch >= rounding_from:
+                    assert a[key] == pytest.approx(b[key], rel=1e-9), (epoch, a["rank"], key)
+                else:
+                    assert a[key] == b[key], (epoch, a["rank"], key)
     final = f"checkpoints/checkpoint_{EPOCHS:05d}/model.safetensors"
     want = load_file(os.path.join(single, final))
     for d in run_dirs:
         got = load_file(os.path.join(d, final))
-        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        assert got.keys() == want.keys()
+        if rounding_from is None:
+            assert all(torch.equal(got[k], want[k]) for k in want)
+        else:
+            assert all(torch.allclose(got[k], want[k], rtol=0, atol=1e-6) for k in want)
 
 
 def test_shared_logdir_one_run_exact_resume(tmp_path, single):
     logdir = tmp_path / "shared"
-    run_dirs, outs = kill_and_resume([logdir, logdir])
+    run_dirs, _ = kill_and_resume([logdir, logdir])
     assert run_dirs[0] == run_dirs[1]
     ckpts = sorted(os.listdir(os.path.join(run_dirs[0], "checkpoints")))
     assert ckpts == [f"checkpoint_{EPOCHS:05d}"]  # the limit of 1 kept; no .tmp- left over
@@ -187,7 +200,7 @@ def test_shared_logdir_one_run_exact_resume(tmp_path, single):
 
 
 def test_logdir_per_machine_exact_resume(tmp_path, single):
-    run_dirs, outs = kill_and_resume([tmp_path / "m0", tmp_path / "m1"])
+    run_dirs, _ = kill_and_resume([tmp_path / "m0", tmp_path / "m1"])
     for rank, d in enumerate(run_dirs):  # a complete checkpoint for its own ranks on each machine
         ckpt = os.path.join(d, "checkpoints", f"checkpoint_{EPOCHS:05d}")
         names = set(os.listdir(ckpt))
@@ -203,15 +216,19 @@ def test_logdir_per_machine_exact_resume(tmp_path, single):
                     "set DDPO_GRPO_MULTINODE_2X2=1")
 def test_two_processes_per_machine_logdir_per_machine(tmp_path):
     """2 machines x 2 processes, a logdir per machine: each machine's first process writes its copy, the second only
-    its RNG state; the kill and resume end bit-identical to 4 processes on one machine."""
+    its RNG state; every epoch before the kill is bit-identical to 4 processes on one machine, and so are keys,
+    rewards and advantages after the resume. Weights after the resume match to summation order only: DDP rebuilds its
+    gradient buckets after the first backward of every process start, so a resumed run's first all-reduce groups
+    gradients differently, and a ring all-reduce of 4 ranks then adds them in another order (~1e-14 relative; with
+    2 ranks a + b is the same either way). A one-machine 4-process resume differs from its uninterrupted run alike."""
     single = single_machine(tmp_path / "single", 4)
-    run_dirs, _ = kill_and_resume([tmp_path / "m0", tmp_path / "m1"], per_machine=2)
+    run_dirs, at = kill_and_resume([tmp_path / "m0", tmp_path / "m1"], per_machine=2)
     for machine, d in enumerate(run_dirs):
         names = set(os.listdir(os.path.join(d, "checkpoints", f"checkpoint_{EPOCHS:05d}")))
         ranks = {2 * machine, 2 * machine + 1}
         assert {n for n in names if n.startswith("random_states_")} == {f"random_states_{r}.pkl" for r in ranks}
         assert {"model.safetensors", "optimizer.bin", "run_meta.json"} <= names
-    assert_same_as_single(run_dirs, single, nproc=4)
+    assert_same_as_single(run_dirs, single, nproc=4, rounding_from=at)
 
 
 def test_peer_dead_before_start_ends_with_one_line(tmp_path):
