@@ -42,12 +42,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def machine_cmd(rank: int, port: int, per_machine: int = 1) -> list:
-    """The launch line of machine `rank` of 2 (per_machine processes each), as docs/scaling.md gives it."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "config/accelerate/ddp_multinode.yaml",
+def machine_cmd(rank: int, port: int, per_machine: int = 1, fsdp: bool = False) -> list:
+    """The launch line of machine `rank` of 2 (per_machine processes each), as docs/scaling.md gives it. fsdp: FSDP2
+    through tests/fsdp_cpu_train.py (accelerate keeps FSDP on CPU processes there; see tests/test_scale_out.py)."""
+    yaml, script = ("fsdp2.yaml", "tests/fsdp_cpu_train.py") if fsdp else ("ddp_multinode.yaml", "scripts/train.py")
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", f"config/accelerate/{yaml}",
             "--num_machines", "2", "--num_processes", str(2 * per_machine), "--machine_rank", str(rank), "--main_process_ip",
             "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--rdzv_conf", "timeout=120", "scripts/train.py", *SMALL]
+            "--rdzv_conf", "timeout=120", script, *SMALL]
 
 
 def machine_processes(pid: int) -> list:
@@ -78,7 +80,7 @@ def kill_machine(proc) -> None:
             pass
 
 
-def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1):
+def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1, fsdp=False):
     """Machine 0, then 1 s later machine 1, with --config.logdir=logdirs[rank] and extra[rank]. kill_when: a
     function giving a path (or None); once that path exists machine 1's launcher and workers are SIGKILLed.
     Returns (outputs, return codes, seconds machine 0 ran on after the kill)."""
@@ -86,7 +88,7 @@ def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1):
     procs = []
     try:
         for rank in (0, 1):
-            cmd = machine_cmd(rank, port, per_machine) + [f"--config.logdir={logdirs[rank]}", *extra[rank]]
+            cmd = machine_cmd(rank, port, per_machine, fsdp) + [f"--config.logdir={logdirs[rank]}", *extra[rank]]
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
             time.sleep(1)
@@ -121,9 +123,13 @@ def run_folders(logdir):
     return sorted(p for p in glob.glob(os.path.join(str(logdir), "*")) if os.path.isdir(p))
 
 
-def single_machine(tmp, nproc):
+def single_machine(tmp, nproc, fsdp=False):
     """The reference: one machine, nproc processes, uninterrupted."""
-    cmd = [*launch_cmd(nproc, 29100), "scripts/train.py", *SMALL, f"--config.logdir={tmp}", "--config.run_name=single"]
+    launch = machine_cmd(0, free_port(), fsdp=True)[:-len(SMALL) - 1] if fsdp else [*launch_cmd(nproc, 29100)]
+    if fsdp:  # the FSDP line as one machine of nproc processes
+        launch[launch.index("--num_machines") + 1], launch[launch.index("--num_processes") + 1] = "1", str(nproc)
+    script = "tests/fsdp_cpu_train.py" if fsdp else "scripts/train.py"
+    cmd = [*launch, script, *SMALL, f"--config.logdir={tmp}", "--config.run_name=single"]
     p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return tmp / "single"
@@ -134,14 +140,14 @@ def single(tmp_path_factory):
     return single_machine(tmp_path_factory.mktemp("single"), 2)
 
 
-def kill_and_resume(logdirs, per_machine=1):
+def kill_and_resume(logdirs, per_machine=1, fsdp=False):
     """Two machines; machine 1 SIGKILLed once its copy of the first checkpoint is complete; then both resumed, each
     from its own run folder. Returns the run folders (machine 0's, machine 1's) and the resume's outputs."""
     def first_ckpt():  # machine 1's view of the run folder rank 0 named
         folders = run_folders(logdirs[1])
         return os.path.join(folders[0], "checkpoints", "checkpoint_00001", "run_meta.json") if folders else None
 
-    outs, rcs, after_kill = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine)
+    outs, rcs, after_kill = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine, fsdp=fsdp)
     folders = [run_folders(d) for d in logdirs]
     assert all(len(f) == 1 for f in folders), folders  # one run folder (one per machine without a shared filesystem)
     run_dirs = [folders[0][0], folders[1][0]]
@@ -152,7 +158,7 @@ def kill_and_resume(logdirs, per_machine=1):
     assert "Traceback" not in outs[0][:outs[0].index(line[0])]  # the trainer's one line (torchrun's summary follows)
     assert after_kill < TIMEOUT_S + 30
     outs, rcs, _ = two_machines(logdirs, extra=[[f"--config.resume_from={d}"] for d in run_dirs],
-                                per_machine=per_machine)
+                                per_machine=per_machine, fsdp=fsdp)
     assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     resumed = [ln for ln in outs[0].splitlines() if "resumed from" in ln]
     assert resumed and " at epoch " in resumed[0]
@@ -177,6 +183,8 @@ def assert_same_as_single(run_dirs, single, nproc=2, rounding_from=None):
                 else:
                     assert a[key] == b[key], (epoch, a["rank"], key)
     final = f"checkpoints/checkpoint_{EPOCHS:05d}/model.safetensors"
+    if not os.path.exists(os.path.join(single, final)):  # FSDP2: sharded; the records' whole-model checksums count
+        return
     want = load_file(os.path.join(single, final))
     for d in run_dirs:
         got = load_file(os.path.join(d, final))
@@ -212,8 +220,11 @@ def test_logdir_per_machine_exact_resume(tmp_path, single):
     assert_same_as_single(run_dirs, single)
 
 
-@pytest.mark.skipif(not os.environ.get("DDPO_GRPO_MULTINODE_2X2"), reason="4 processes: about 3 min on 2 cores; "
-                    "set DDPO_GRPO_MULTINODE_2X2=1")
+SLOW = pytest.mark.skipif(not os.environ.get("DDPO_GRPO_MULTINODE_SLOW"),
+                          reason="slower variants (about 40 s each on 2 idle cores): set DDPO_GRPO_MULTINODE_SLOW=1")
+
+
+@SLOW
 def test_two_processes_per_machine_logdir_per_machine(tmp_path):
     """2 machines x 2 processes, a logdir per machine: each machine's first process writes its copy, the second only
     its RNG state; every epoch before the kill is bit-identical to 4 processes on one machine, and so are keys,
@@ -229,6 +240,25 @@ def test_two_processes_per_machine_logdir_per_machine(tmp_path):
         assert {n for n in names if n.startswith("random_states_")} == {f"random_states_{r}.pkl" for r in ranks}
         assert {"model.safetensors", "optimizer.bin", "run_meta.json"} <= names
     assert_same_as_single(run_dirs, single, nproc=4, rounding_from=at)
+
+
+@SLOW
+def test_fsdp2_shared_logdir_exact_resume(tmp_path):
+    """FSDP2 (really sharded on CPU: tests/fsdp_cpu_train.py), 2 machines x 1 process, a shared logdir: the kill and
+    resume end bit-identical to FSDP2 with 2 processes on one machine (a 2-rank reduce-scatter adds a + b either
+    way), from the sharded checkpoint every process wrote its shard of."""
+    single = single_machine(tmp_path / "single", 2, fsdp=True)
+    run_dirs, _ = kill_and_resume([tmp_path / "shared", tmp_path / "shared"], fsdp=True)
+    assert os.path.isdir(os.path.join(run_dirs[0], "checkpoints", f"checkpoint_{EPOCHS:05d}", "pytorch_model_fsdp_0"))
+    assert_same_as_single(run_dirs, single)
+
+
+def test_fsdp2_without_shared_logdir_is_one_line(tmp_path):
+    """FSDP2's sharded checkpoints need one filesystem: a logdir per machine stops both at start, in one line."""
+    outs, rcs, _ = two_machines([tmp_path / "m0", tmp_path / "m1"], fsdp=True)
+    for out, rc in zip(outs, rcs):
+        assert rc != 0 and "FSDP2's sharded checkpoints need one filesystem" in out, out[-3000:]
+        assert "Traceback" not in out[:out.index("error: ")]
 
 
 def test_peer_dead_before_start_ends_with_one_line(tmp_path):
