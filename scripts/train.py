@@ -22,7 +22,6 @@ config_flags.DEFINE_config_file("config", "config/grpo.py:tiny", "Training confi
 def main(_):
     from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
     from ddpo_grpo.rewards import RewardError
-
     from ddpo_grpo.trainer.devices import lost_peer_line
 
     try:
@@ -34,8 +33,9 @@ def main(_):
         line = lost_peer_line(e, FLAGS.config, int(os.environ.get("WORLD_SIZE", "1")))
         if line is None:
             raise
+        sys.stdout.flush()
         print(f"error: {line}", file=sys.stderr, flush=True)
-        os._exit(1)
+        os._exit(1)  # not sys.exit: interpreter teardown would destroy the process group, waiting on the lost peer
 
 
 def run(config):
