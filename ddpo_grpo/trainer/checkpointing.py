@@ -129,9 +129,10 @@ def export_run(ctx, family: str) -> str:
     (no second copy on disk), else written."""
     out = os.path.join(ctx.run_dir, EXPORT)
     last = os.path.join(ctx.run_dir, "checkpoints", f"checkpoint_{ctx.state.epoch:05d}", EXPORT)
-    from .run_identity import broadcast
-
-    if not broadcast(os.path.isdir(last), ctx.accelerator):  # the main process's view: one copy per machine lacks it
+    # The same branch on every process (writing is a collective under FSDP2): this epoch's checkpoint is complete on
+    # every machine or on none (save_checkpoint renames everywhere before it prunes), its export/ on machine 0's.
+    # A local check, not a broadcast: a broadcast right before the last barrier can deadlock gloo's teardown at exit.
+    if not os.path.isfile(os.path.join(os.path.dirname(last), META)):
         write_model_export(ctx, family, out)
     elif ctx.accelerator.is_main_process:
         tmp = out + ".tmp"
