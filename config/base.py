@@ -38,6 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Memory per device in GiB for the memory plan's verdict (printed by every run and the dry run; trainer/
     # memory_plan.py): 0 = the GPU's / NPU's own when there is one, else no verdict. An 80 GB H100 reports 79.2.
     config.device_memory_gb = 0.0
+    # Seconds a process waits for the others at a collective (and at process-group start) before the job ends with
+    # one line (gloo/NCCL/HCCL: init_process_group's timeout). A dead peer on gloo is seen at once; a hung one, or one
+    # on NCCL/HCCL, after this. Long enough for the slowest legitimate wait: the main process writing a checkpoint
+    # or an export of a large model while the others wait, or ranks loading models at different speeds.
+    config.collective_timeout_s = 1800
 
     ###### Pretrained model ######
     config.pretrained = ml_collections.ConfigDict()

@@ -22,25 +22,33 @@ config_flags.DEFINE_config_file("config", "config/grpo.py:tiny", "Training confi
 def main(_):
     from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
     from ddpo_grpo.rewards import RewardError
+    from ddpo_grpo.trainer.devices import lost_peer_line
 
     try:
         run(FLAGS.config)
     except (ConfigError, RewardError, VerificationError, InvalidRewardError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:  # a peer died or hung: one line, and no wait on it at exit
+        line = lost_peer_line(e, FLAGS.config, int(os.environ.get("WORLD_SIZE", "1")))
+        if line is None:
+            raise
+        sys.stdout.flush()
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        os._exit(1)  # not sys.exit: interpreter teardown would destroy the process group, waiting on the lost peer
 
 
 def run(config):
     import torch
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration, set_seed
 
     from ddpo_grpo.trainer import devices
     from ddpo_grpo.trainer.advantages import compute_advantages
     from ddpo_grpo.trainer.build import build_context, validate_config
     from ddpo_grpo.trainer.scale import check_engine_applied, use_architecture_blocks
-    from ddpo_grpo.trainer.checkpointing import (check_resume, export_run, load_checkpoint, run_folder_of,
-                                                 save_checkpoint, wandb_run_id)
+    from ddpo_grpo.trainer.checkpointing import check_resume, export_run, load_checkpoint, save_checkpoint
+    from ddpo_grpo.trainer.run_identity import agree_run
     from ddpo_grpo.trainer.hacking import train_gold
     from ddpo_grpo.trainer.memory_plan import print_plan
     from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
@@ -54,12 +62,8 @@ def run(config):
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     family = validate_config(config, num_processes)  # one clear line before any heavy work
     use_architecture_blocks(config)  # FSDP2 wraps the model's own blocks (its adapter's), whatever the YAML lists
-    # A resumed run continues in its checkpoint's run folder (checkpoints, history, wandb run, TensorBoard curve) unless
-    # run_name names another; a missing or damaged checkpoint is one line here, before any tracker or model starts.
+    # A missing or damaged checkpoint is one line here, before any tracker or model starts.
     ckpt = check_resume(config, family) if config.resume_from else ""
-    run_dir = os.path.join(config.logdir, config.run_name) if config.run_name else (run_folder_of(ckpt) if ckpt else "")
-    run_dir = run_dir or os.path.join(config.logdir, f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
-    name = os.path.basename(run_dir)
     print_plan(config)  # memory per device for this launch's engine, and what would make it fit (memory_plan.py)
     if config.dry_run:
         print(f"config OK: {num_processes} processes x {config.sample.batch_size} x {config.sample.num_batches_per_epoch}"
@@ -71,17 +75,23 @@ def run(config):
     devices.check_process_count(device, devices.local_process_count(), devices.visible_accelerators(device))
     trackers = [t for t, on in (("wandb", config.logging.wandb), ("tensorboard", config.logging.tensorboard)) if on]
     # cpu=True (no GPU/NPU, or ACCELERATE_USE_CPU) is what makes accelerate form a gloo group across CPU processes.
+    # The process group forms first (gloo/NCCL/HCCL, config.collective_timeout_s): rank 0 names the run (run_name, a
+    # resumed checkpoint's run folder, or <config>_<time>) for every machine; each finds its folder, shared or its own
+    # (then each machine keeps its own checkpoints), and the newest checkpoint all hold, before anything is written.
+    place = agree_run(PartialState(cpu=device == "cpu", timeout=devices.collective_timeout(config)), config, ckpt,
+                      f"{config_name()}_{datetime.datetime.now():%Y%m%d_%H%M%S}", family)
+    run_dir, ckpt = place.dir, place.ckpt
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision or None, log_with=trackers or None,
-                              project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir))
+                              project_config=ProjectConfiguration(project_dir=run_dir, logging_dir=run_dir,
+                                                                  save_on_each_node=not place.shared))
     check_engine_applied(accelerator)  # an FSDP launch that accelerate ran as DDP (CPU processes): one line
     torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
     devices.apply_cpu_settings(config, device)
     set_seed(config.seed, device_specific=True)
     if accelerator.is_main_process:
-        os.makedirs(run_dir, exist_ok=True)
         accelerator.init_trackers(config.logging.wandb_project, config=flat_config(config),
-                                  init_kwargs={"wandb": {"name": name, "dir": run_dir, "id": wandb_run_id(run_dir),
-                                                         "resume": "allow"}})
+                                  init_kwargs={"wandb": {"name": os.path.basename(run_dir), "dir": run_dir,
+                                                         "id": place.wandb_id, "resume": "allow"}})
     ctx = build_context(config, accelerator, run_dir)
     if ckpt:
         load_checkpoint(ctx, ckpt)

@@ -3,6 +3,9 @@
 A checkpoint becomes visible only when complete: every process writes into `.tmp-checkpoint_NNNNN`,
 the files are fsynced, and the main process renames the folder to `checkpoint_NNNNN` (an atomic rename
 on POSIX). A kill during saving leaves at most a `.tmp-*` folder, which is ignored and cleaned up.
+Several machines without a shared filesystem (run_identity.py detects it) each keep a complete copy for their
+ranks, written and renamed by their local main process; older checkpoints are pruned only after every machine
+renamed the new one.
 Saved: model, optimizer, LR schedule and all RNG states (per process) by accelerate, plus the run
 state (epoch, step, history), the stat tracker and the EMA reference (or nft's sampling policy) registered for
 checkpointing, run_meta.json describing what the checkpoint belongs to, and with nft's soft update
@@ -44,23 +47,34 @@ def _fsync_tree(path: str) -> None:
             os.close(fd)
 
 
+def writes_checkpoints(acc) -> bool:
+    """Whether this process writes the checkpoint files shared by its filesystem's processes (model, optimizer, run
+    objects, run_meta.json) and renames the folder: the global main process on a shared filesystem; each machine's
+    local main process without one (accelerate's save_on_each_node, set by run_identity.agree_run)."""
+    per_machine = getattr(getattr(acc, "project_configuration", None), "save_on_each_node", False)
+    return acc.is_local_main_process if per_machine else acc.is_main_process
+
+
 def save_checkpoint(ctx, family: str) -> Optional[str]:
-    """Every process must call this (accelerate saves per-process RNG state; DDP needs all to take part)."""
+    """Every process must call this (accelerate saves per-process RNG state; DDP needs all to take part).
+    Every process writes what it owns (its RNG state; its shard under FSDP2) into the temporary folder on its
+    filesystem; one process per filesystem writes the rest and renames (writes_checkpoints)."""
     acc = ctx.accelerator
+    writer = writes_checkpoints(acc)
     root = os.path.join(ctx.run_dir, "checkpoints")
     final = os.path.join(root, f"checkpoint_{ctx.state.epoch:05d}")
     tmp = os.path.join(root, f".tmp-checkpoint_{ctx.state.epoch:05d}")
-    if acc.is_main_process:
+    if writer:
         os.makedirs(root, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     acc.wait_for_everyone()
-    acc.save_state(tmp)
+    acc.save_state(tmp)  # honours save_on_each_node: model, optimizer and run objects from each writer
     # nft's soft-updated sampling policy is what samples and what eval measures: also as plain weights, next to
     # model.safetensors (the trained theta). A collective under FSDP2 (whole tensors), so every process calls it.
     sampling = ctx.old_policy.state_dict()["tensors"] if getattr(ctx, "old_policy", None) is not None else None
-    write_model_export(ctx, family, os.path.join(tmp, EXPORT))
+    write_model_export(ctx, family, os.path.join(tmp, EXPORT))  # the main process's filesystem only: not for resuming
     acc.wait_for_everyone()
-    if acc.is_main_process:
+    if writer:
         if sampling is not None:
             from safetensors.torch import save_file
 
@@ -73,6 +87,10 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
         fd = os.open(root, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
+    # Older checkpoints go only once every filesystem holds the new one: a machine that dies before its rename
+    # leaves the previous checkpoint complete everywhere, which a resume of all machines agrees on.
+    acc.wait_for_everyone()
+    if writer:
         for old in sorted(complete_checkpoints(root))[:-max(1, ctx.config.num_checkpoint_limit)]:
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
@@ -111,7 +129,10 @@ def export_run(ctx, family: str) -> str:
     (no second copy on disk), else written."""
     out = os.path.join(ctx.run_dir, EXPORT)
     last = os.path.join(ctx.run_dir, "checkpoints", f"checkpoint_{ctx.state.epoch:05d}", EXPORT)
-    if not os.path.isdir(last):
+    # The same branch on every process (writing is a collective under FSDP2): this epoch's checkpoint is complete on
+    # every machine or on none (save_checkpoint renames everywhere before it prunes), its export/ on machine 0's.
+    # A local check, not a broadcast: a broadcast right before the last barrier can deadlock gloo's teardown at exit.
+    if not os.path.isfile(os.path.join(os.path.dirname(last), META)):
         write_model_export(ctx, family, out)
     elif ctx.accelerator.is_main_process:
         tmp = out + ".tmp"

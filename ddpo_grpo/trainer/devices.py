@@ -181,3 +181,39 @@ def apply_cpu_settings(config, device: str = "cpu") -> None:
 
     if device == "cpu" and config.flush_denormal:
         torch.set_flush_denormal(True)
+
+
+def collective_timeout(config):
+    """config.collective_timeout_s as the process group's timeout (init_process_group's, which gloo, NCCL and HCCL
+    groups take): how long a process waits for the others at start-up and at every collective before it raises."""
+    import datetime
+
+    seconds = int(config.collective_timeout_s)
+    if seconds <= 0:
+        raise ConfigError(f"collective_timeout_s={config.collective_timeout_s}: give a positive number of seconds")
+    return datetime.timedelta(seconds=seconds)
+
+
+# What gloo / NCCL / HCCL / the c10d store say when a peer died or did not answer in time: torch 2.x raises DistError
+# subclasses for most, and gloo's transport a plain RuntimeError naming its source file ("[.../gloo/transport/tcp/
+# pair.cc:537] Read error ...: Connection reset by peer", "[.../unbound_buffer.cc:78] Timed out waiting 10000ms").
+_PEER_MARKERS = ("/gloo/", "NCCL", "HCCL", "ProcessGroup", "c10d", "Connection reset by peer",
+                 "Connection closed by peer")
+
+
+def lost_peer_line(exc: BaseException, config, world_size: int) -> "str | None":
+    """One line for a collective that failed because another process of a multi-process job died or hung;
+    None for any other exception (which keeps its traceback)."""
+    if world_size <= 1:
+        return None
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", ())
+    msg = str(exc)
+    if not (isinstance(exc, dist_error) or (isinstance(exc, RuntimeError) and any(m in msg for m in _PEER_MARKERS))):
+        return None
+    first = next((ln.strip() for ln in msg.splitlines() if ln.strip()), "")[:200]
+    return (f"another process of this {world_size}-process job stopped or did not answer within "
+            f"collective_timeout_s={config.collective_timeout_s} s ({type(exc).__name__}: {first}); this process "
+            "stops too. The first failure is in the other machines' logs; resume every machine with "
+            "--config.resume_from=<its run folder> (each continues from the newest checkpoint all machines hold)")
