@@ -1,4 +1,6 @@
-"""Named GRPO configs: `--config config/grpo.py:NAME`. Each starts from config/base.py."""
+"""Named GRPO configs: `--config config/grpo.py:NAME`. Each starts from config/base.py, or from the named config it
+varies, and states only what differs; the blocks several recipes share are the `_`-prefixed helpers below (a
+function whose name starts with `_` is not a named config)."""
 import importlib.util
 import os
 
@@ -7,6 +9,99 @@ base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
 
+# ---- Shared blocks
+def _batches(config, batch_size, num_batches_per_epoch, k, train_batch_size, accumulation=None):
+    """The run's geometry, per process: batch_size x num_batches_per_epoch samples per epoch, k copies of each
+    condition; train_batch_size samples per micro-batch, `accumulation` micro-batches per optimizer step (None:
+    as the config built on has it)."""
+    config.sample.batch_size = batch_size
+    config.sample.num_batches_per_epoch = num_batches_per_epoch
+    config.sample.k = k
+    config.train.batch_size = train_batch_size
+    if accumulation is not None:
+        config.train.gradient_accumulation_steps = accumulation
+    return config
+
+
+def _flow_grpo_sde(config, num_steps):
+    """Flow-GRPO's SDE sampling at noise level 0.7 on every one of `num_steps` steps."""
+    config.sample.num_steps = num_steps
+    config.sample.noise_level = 0.7
+    config.sample.sde_type = "sde"
+    return config
+
+
+def _family_tiny(config, model, num_epochs=10, every=5):
+    """A model family's tiny random build on this CPU (checks the family's path end to end): LoRA rank 4 in float32,
+    6 sampling steps, lr 1e-3 with clip 1e-2, and the cheap JPEG reward (random weights draw noise, which the
+    toy-world verifier scores 0 throughout); a checkpoint and an eval every `every` epochs."""
+    config.pretrained.model = model
+    config.mixed_precision = "no"
+    config.use_lora = True
+    config.lora_rank = 4
+    config.num_epochs = num_epochs
+    config.save_freq = every
+    config.eval_freq = every
+    config.eval.pass_at_k = 0  # no "fully right" for the JPEG reward
+    config.sample.num_steps = 6
+    config.train.learning_rate = 1e-3
+    config.train.clip_range = 1e-2
+    config.reward.fns = {"jpeg_compressibility": 1.0}
+    return config
+
+
+def _family_full_size(config):
+    """A model family at full size, for a user's pipeline folder (--config.pretrained.model=PATH): LoRA rank 32,
+    bf16, gradient checkpointing, 100 epochs with a checkpoint and an eval every 10, DDPO's clip 1e-4, every
+    sampled step trained, encoders off the device while training, jpeg_compressibility as a placeholder reward."""
+    config.pretrained.model = ""  # a local pipeline folder: --config.pretrained.model=PATH
+    config.mixed_precision = "bf16"
+    config.gradient_checkpointing = True
+    config.use_lora = True
+    config.lora_rank = 32
+    config.num_epochs = 100
+    config.save_freq = 10
+    config.eval_freq = 10
+    config.eval.pass_at_k = 0  # no "fully right" for the JPEG reward
+    config.train.clip_range = 1e-4
+    # No reference forward: the denoiser's memory goes to the policy (FLUX's 12 B transformer); sd3 adds a KL.
+    config.train.beta = 0.0
+    config.train.min_step_std = 0.0  # every sampled step trained
+    config.reward.fns = {"jpeg_compressibility": 1.0}  # a placeholder: give yours with --config.reward.fns
+    config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
+    return config
+
+
+def _nft_demo(config):
+    """The DiffusionNFT recipe of tiny_colour_nft (its docstring says why): lr 3e-4, re-noised at u >= 0.6 only,
+    3 noise levels per sample, sampling policy soft-updated by EMA."""
+    config.train.objective = "nft"
+    config.train.learning_rate = 3e-4
+    config.train.forward_noise_min = 0.6  # u >= 0.6: the first 4 of 10 DDIM steps, where step_credit finds every flip
+    config.train.timestep_fraction = 0.5  # 3 noise levels per sample (of the 6 trainable columns)
+    config.train.nft_old_decay = 0.5  # theta_old <- 0.5 theta_old + 0.5 theta after each epoch
+    return config
+
+
+def _one_step_per_epoch(config):
+    """tiny_colour_grpo's geometry (its docstring says why): 256 samples per epoch in ONE optimizer step at lr 1e-4
+    after a 3-step warmup, a KL to the frozen start model, pass@8 on the eval."""
+    _batches(config, 32, 8, 8, 32, accumulation=8)  # 256 samples per epoch = 32 conditions x 8 copies, one step
+    config.train.learning_rate = 1e-4
+    config.train.lr_warmup_steps = 3
+    config.train.beta = 0.04  # KL to the start model (reference_model_mixup_alpha = 1: frozen), at the trained steps
+    config.eval.pass_at_k = 8  # 32 held-out conditions x 8 fixed-seed samples of the trained (eta 1) sampler
+    return config
+
+
+def _branch_at_step0(config):
+    """One 8-leaf tree per condition (k = 8), split at step 0 (core/branching.py)."""
+    config.sample.branch_steps = (0,)
+    config.sample.branches = 8  # k = 8: one tree per condition
+    return config
+
+
+# ---- The toy-world task on the bundled text-to-image models (CPU)
 def tiny():
     """CPU demo on the bundled text-to-image model with the verifiable toy-world reward."""
     config = base.get_config()
@@ -18,10 +113,7 @@ def tiny():
     # larger than the changes it was read for (docs/efficacy.md).
     config.eval.num_samples = 256
     config.sample.num_steps = 10
-    config.sample.batch_size = 16
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 8  # 64 samples per epoch = 8 conditions x 8 copies
-    config.train.batch_size = 16
+    _batches(config, 16, 4, 8, 16)  # 64 samples per epoch = 8 conditions x 8 copies
     # Train the high-noise steps only (std >= 0.3: the first 6 of 10), where layout and colours are decided;
     # later steps refine texture and mostly add gradient noise for this reward.
     config.train.min_step_std = 0.3
@@ -36,6 +128,7 @@ def tiny():
     return config
 
 
+# ---- The colour task: a systematic error to correct (docs/efficacy.md)
 def tiny_colour():
     """An efficacy task with a known, systematic error: `tiny-t2i-noisy` was trained on captions whose colour word
     is wrong half the time (as web captions are wrong about what they show), so it often draws another colour;
@@ -54,13 +147,7 @@ def tiny_colour_nft():
     images are re-noised only at those noise levels, 3 per sample; and the sampling policy follows the trained one
     by EMA (DiffusionNFT's soft update), so one bad update is not sampled from at once. Held-out strict accuracy
     0.32 -> 0.78 / 0.75 / 0.78 at epoch 36 on seeds 1 / 2 / 42, each run's last eval its best (docs/efficacy.md)."""
-    config = tiny_colour()
-    config.train.objective = "nft"
-    config.train.learning_rate = 3e-4
-    config.train.forward_noise_min = 0.6  # u >= 0.6: the first 4 of 10 DDIM steps, where step_credit finds every flip
-    config.train.timestep_fraction = 0.5  # 3 noise levels per sample (of the 6 trainable columns)
-    config.train.nft_old_decay = 0.5  # theta_old <- 0.5 theta_old + 0.5 theta after each epoch
-    return config
+    return _nft_demo(tiny_colour())
 
 
 def tiny_hack():
@@ -95,17 +182,8 @@ def tiny_colour_grpo():
     Held-out strict at epoch 36 (another seed set, 256 samples; docs/efficacy.md), seeds 1 / 2 / 42: eta 0
     0.47 / 0.59 / 0.61 (without the KL 0.57 / 0.07 / 0.47), the policy's eta-1 sampler 0.58 / 0.70 / 0.70
     (0.65 / 0.63 / 0.55); start 0.31 / 0.37. eval.pass_at_k = 8 reports the policy's sampler on 256 samples too."""
-    config = tiny_colour()
-    config.sample.batch_size = 32
-    config.sample.num_batches_per_epoch = 8
-    config.sample.k = 8  # 256 samples per epoch = 32 conditions x 8 copies
-    config.train.batch_size = 32
-    config.train.gradient_accumulation_steps = 8  # one optimizer step per epoch, on all 256 samples
+    config = _one_step_per_epoch(tiny_colour())
     config.train.min_step_std = 0.6  # steps 0-1 of 10
-    config.train.learning_rate = 1e-4
-    config.train.lr_warmup_steps = 3
-    config.train.beta = 0.04  # KL to the start model (reference_model_mixup_alpha = 1: frozen), at the trained steps
-    config.eval.pass_at_k = 8  # 32 held-out conditions x 8 fixed-seed samples of the trained (eta 1) sampler
     return config
 
 
@@ -118,10 +196,7 @@ def tiny_colour_branch():
     42 / 1 / 2), against 0.523 without branching and 0.582 with per-step x0 rewards at one commit (seed 42), at
     12.1 instead of 14.1 NFEs per sample; short of the NFT demo's 0.78 at 2,304 samples. At 64 samples in 4 steps
     per epoch it rose on one seed of three and fell on two (docs/efficacy.md, sessions 11-12)."""
-    config = tiny_colour_grpo()
-    config.sample.branch_steps = (0,)
-    config.sample.branches = 8  # k = 8: one tree per condition, 32 conditions per epoch
-    return config
+    return _branch_at_step0(tiny_colour_grpo())  # 32 conditions per epoch
 
 
 def tiny_branch():
@@ -129,21 +204,10 @@ def tiny_branch():
     one 8-leaf tree, one optimizer step per epoch at lr 1e-4, KL to the start model) with the split at step 0.
     Seed 42, 192 epochs: held-out strict 0.457 -> a plateau of 0.50-0.54 (best 0.539); singles rise (0.805 -> 0.953),
     pairs do not (0.117 -> 0.094) although their sibling groups have spread (docs/efficacy.md, session 12)."""
-    config = tiny()
-    config.sample.branch_steps = (0,)
-    config.sample.branches = 8
-    config.sample.batch_size = 32
-    config.sample.num_batches_per_epoch = 8
-    config.sample.k = 8
-    config.train.batch_size = 32
-    config.train.gradient_accumulation_steps = 8  # one optimizer step per epoch, on all 256 samples
-    config.train.learning_rate = 1e-4
-    config.train.lr_warmup_steps = 3
-    config.train.beta = 0.04
-    config.eval.pass_at_k = 8
-    return config
+    return _branch_at_step0(_one_step_per_epoch(tiny()))
 
 
+# ---- Other recipes on `tiny` (baselines, objectives, rewards)
 def ddpo():
     """DDPO's original recipe for side-by-side comparison: per-prompt history buffer, no KL, scalar advantages."""
     config = tiny()
@@ -205,14 +269,13 @@ def aesthetic():
     return config
 
 
+# ---- The bundled flow-matching model
 def tiny_flow():
     """The bundled flow-matching model, SDE sampling (Flow-GRPO's SDE) on every step; as in `tiny`, only the steps
     with std >= 0.3 are trained (the first 4 of 10)."""
     config = tiny()
     config.pretrained.model = "tiny-flow"
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
-    config.sample.num_steps = 10
+    _flow_grpo_sde(config, num_steps=10)
     # What made the toy reward rise here (each measured, see the README): a fixed set of 32 conditions that recur
     # (as DDPO's prompt sets do), evaluated on those conditions with fresh seeds; the k copies of a condition
     # starting from one x_T; and a warmup, without which Adam's first steps knock the reward down.
@@ -233,6 +296,23 @@ def tiny_flow_window():
     return config
 
 
+# ---- Camera control (ReCamMaster and the 2-D camera world)
+def _recam_seed_report(config):
+    """The seed report's recam geometry, bf16: 8 processes x batch 2 x 4 batches = 64 samples = k 4 x 16 conditions,
+    18 steps, per-timestep `broadcast` rewards from cam_score + unifiedscore, an EMA reference (KL 0.01)."""
+    config.mixed_precision = "bf16"
+    _batches(config, 2, 4, 4, 2)
+    config.sample.num_steps = 18
+    config.train.beta = 0.01
+    config.train.reference_model_mixup_alpha = 0.9
+    config.train.reference_update_freq = 8
+    config.reward.fns = {"cam_score": 1.0, "unifiedscore": 1.0}
+    config.reward.kwargs = {"unifiedscore": {"base_url": "http://127.0.0.1:30000/v1"}}
+    config.reward.per_step = "broadcast"
+    config.eval.pass_at_k = 0  # cam_score has no "fully right": pass@k would only measure reaching 1.0
+    return config
+
+
 def recam():
     """The user's job: GRPO on a ReCamMaster model (Wan 2.1 T2V 1.3B + camera layers) at the seed report's geometry,
     8 processes x batch 2 x 4 batches = 64 samples = k 4 x 16 dataset-index conditions, 18 steps, per-timestep `avg`
@@ -245,30 +325,17 @@ def recam():
     The default model is its random real-shape build (recam-1.3b-random, GPU only), so a dry run checks the geometry
     anywhere. Conditions: the video camera world (data.name recam_video) at 81 frames, 480 px square; a user's own
     dataset plugs in as items with "source_video" (F, 3, H, W) and "cameras" (F', 12) (docs/recam.md)."""
-    config = base.get_config()
+    config = _recam_seed_report(base.get_config())
     config.data.name = "recam_video"
     config.pretrained.model = "recam-1.3b-random"
     config.pretrained.recam_checkpoint = ""
     config.pretrained.resolution = 480
     config.pretrained.num_frames = 81
-    config.mixed_precision = "bf16"
     config.gradient_checkpointing = True
     config.use_lora = False
-    config.sample.batch_size = 2
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 4
-    config.sample.num_steps = 18
     config.sample.guidance_scale = 5.0  # ReCamMaster's CFG; both passes get the source and the camera
     config.sample.noise_level = 0.7
-    config.train.batch_size = 2
-    config.train.beta = 0.01
-    config.train.reference_model_mixup_alpha = 0.9
-    config.train.reference_update_freq = 8
     config.train.learning_rate = 1e-5
-    config.reward.fns = {"cam_score": 1.0, "unifiedscore": 1.0}
-    config.reward.kwargs = {"unifiedscore": {"base_url": "http://127.0.0.1:30000/v1"}}
-    config.reward.per_step = "broadcast"
-    config.eval.pass_at_k = 0  # cam_score has no "fully right": pass@k would only measure reaching 1.0
     config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
     return config
 
@@ -282,13 +349,9 @@ def _recam_on_cpu(config):
     config.save_freq = 10
     config.eval_freq = 10
     config.sample.guidance_scale = 1.0
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 16
-    config.sample.k = 16  # 128 samples per epoch = 8 conditions x 16 copies (per process)
+    _batches(config, 8, 16, 16, 8, accumulation=16)  # 128 samples per epoch = 8 conditions x 16 copies, one step
     config.sample.num_steps = 10
     config.sample.shared_init_noise = True  # the k copies start from one x_T: the spread is the policy's own
-    config.train.batch_size = 8
-    config.train.gradient_accumulation_steps = 16
     config.train.clip_range = 1e-2
     config.train.beta = 0.004
     config.train.lr_warmup_steps = 3  # without warmup one step at lr 3e-5 cut cam_score from 0.42 to 0.27 (docs)
@@ -314,11 +377,7 @@ def recam_video_tiny():
     config.eval.split = "eval"  # held-out
     config.eval.num_samples = 256  # 64 held-out conditions x 4 seeds
     config.reward.per_step = "none"
-    config.train.objective = "nft"
-    config.train.learning_rate = 3e-4
-    config.train.forward_noise_min = 0.6
-    config.train.timestep_fraction = 0.5
-    config.train.nft_old_decay = 0.5
+    _nft_demo(config)
     config.train.gradient_accumulation_steps = 4
     config.train.beta = 0.0
     config.train.min_step_std = 0.0
@@ -329,22 +388,9 @@ def recam_image():
     """The 2-D image camera world (`tiny-recam`, a pixel UNet whose 9 input channels take the source view and the
     motion planes) at the seed report's geometry: the recipe `recam` had before ReCamMaster; kept because its
     measured recipe (docs/recam.md) is what recam_video_tiny starts from."""
-    config = base.get_config()
+    config = _recam_seed_report(base.get_config())
     config.data.name = "recam"
     config.pretrained.model = "tiny-recam"
-    config.mixed_precision = "bf16"
-    config.sample.batch_size = 2
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 4
-    config.sample.num_steps = 18
-    config.train.batch_size = 2
-    config.train.beta = 0.01
-    config.train.reference_model_mixup_alpha = 0.9
-    config.train.reference_update_freq = 8
-    config.reward.fns = {"cam_score": 1.0, "unifiedscore": 1.0}
-    config.reward.kwargs = {"unifiedscore": {"base_url": "http://127.0.0.1:30000/v1"}}
-    config.reward.per_step = "broadcast"
-    config.eval.pass_at_k = 0  # cam_score has no "fully right": pass@k would only measure reaching 1.0
     return config
 
 
@@ -364,6 +410,7 @@ def recam_image_tiny():
     return config
 
 
+# ---- SD 1.5
 def sd15_random_bench():
     """Speed and memory at Stable Diffusion 1.5's scale without a download: the SD 1.5-shaped pipeline with random
     weights (`sd15-random`: 860 M-parameter UNet, SD's text encoder and VAE, DDIM), 512x512 images, DDPO's SD
@@ -382,10 +429,7 @@ def sd15_random_bench():
     config.sample.num_steps = 20
     config.sample.eta = 1.0
     config.sample.guidance_scale = 5.0
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 2
-    config.sample.k = 4
-    config.train.batch_size = 8
+    _batches(config, 8, 2, 4, 8)
     config.train.learning_rate = 3e-4
     config.train.clip_range = 1e-4
     config.train.min_step_std = 0.0  # every step trained, as DDPO does with SD
@@ -399,27 +443,10 @@ def sd3_tiny():
     """Stable Diffusion 3 on this CPU: the tiny random SD3 build (`sd3-tiny`: StableDiffusion3Pipeline's own classes
     at test size, 32x32 px) trained with Flow-GRPO's SDE, classifier-free guidance and the cheap JPEG reward (its
     random weights draw noise, which the toy-world verifier scores 0 throughout). Checks the SD3 path end to end."""
-    config = base.get_config()
-    config.pretrained.model = "sd3-tiny"
-    config.mixed_precision = "no"
-    config.use_lora = True
-    config.lora_rank = 4
-    config.num_epochs = 10
-    config.save_freq = 5
-    config.eval_freq = 5
+    config = _flow_grpo_sde(_family_tiny(base.get_config(), "sd3-tiny"), num_steps=6)
     config.eval.num_samples = 16
-    config.eval.pass_at_k = 0
-    config.sample.num_steps = 6
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
     config.sample.guidance_scale = 4.5
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 2
-    config.sample.k = 4  # 16 samples per epoch = 4 conditions x 4 copies
-    config.train.batch_size = 8
-    config.train.learning_rate = 1e-3
-    config.train.clip_range = 1e-2
-    config.reward.fns = {"jpeg_compressibility": 1.0}
+    _batches(config, 8, 2, 4, 8)  # 16 samples per epoch = 4 conditions x 4 copies
     config.logging.num_images = 8
     return config
 
@@ -433,35 +460,15 @@ def sd3():
     blocks' attention projections, KL 0.04 to the start model, bf16, gradient checkpointing. FSDP2
     (config/accelerate/fsdp2.yaml) wraps JointTransformerBlock (models/sd3.py fsdp_block_classes). Rewards:
     jpeg_compressibility as a placeholder; give yours with --config.reward.fns."""
-    config = base.get_config()
-    config.pretrained.model = ""  # a local SD3 / 3.5 folder: --config.pretrained.model=PATH
+    config = _flow_grpo_sde(_family_full_size(base.get_config()), num_steps=10)  # --config.pretrained.model=PATH
     config.pretrained.resolution = 512  # SD3's transformer samples any multiple of 16 px; 1024 is its native size
-    config.mixed_precision = "bf16"
-    config.gradient_checkpointing = True
-    config.use_lora = True
-    config.lora_rank = 32
-    config.num_epochs = 100
-    config.save_freq = 10
-    config.eval_freq = 10
     config.eval.num_samples = 64
     config.eval.batch_size = 8
-    config.eval.pass_at_k = 0  # no "fully right" for the JPEG reward
-    config.sample.num_steps = 10
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
     config.sample.guidance_scale = 4.5
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 8  # per process: 32 samples = 4 prompts x 8 copies
-    config.train.batch_size = 4
-    config.train.gradient_accumulation_steps = 2
+    _batches(config, 8, 4, 8, 4, accumulation=2)  # per process: 32 samples = 4 prompts x 8 copies
     config.train.learning_rate = 3e-4
-    config.train.clip_range = 1e-4
     config.train.beta = 0.04
-    config.train.min_step_std = 0.0  # every SDE step trained
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 8
-    config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
     return config
 
 
@@ -471,28 +478,13 @@ def sdxl_tiny():
     on this CPU: the `sdxl-tiny` random build (32 x 32 px, built on first use), toy-world prompts, the JPEG
     reward (a random model draws no toy-world shapes), guidance 5 with the zero empty-prompt negative, LoRA rank 4
     (full fine-tuning: --config.use_lora=False, with a smaller --config.train.learning_rate, e.g. 1e-4)."""
-    config = base.get_config()
-    config.pretrained.model = "sdxl-tiny"
-    config.mixed_precision = "no"
-    config.use_lora = True
-    config.num_epochs = 4
-    config.save_freq = 2
-    config.eval_freq = 2
+    config = _family_tiny(base.get_config(), "sdxl-tiny", num_epochs=4, every=2)
     config.eval.num_samples = 8
     config.eval.batch_size = 8
-    config.eval.pass_at_k = 0  # no "fully right" for the JPEG reward
-    config.sample.num_steps = 6
     config.sample.eta = 1.0
     config.sample.guidance_scale = 5.0
-    config.sample.batch_size = 4
-    config.sample.num_batches_per_epoch = 2
-    config.sample.k = 4
-    config.train.batch_size = 4
-    config.train.learning_rate = 1e-3
-    config.train.clip_range = 1e-2
+    _batches(config, 4, 2, 4, 4)
     config.train.min_step_std = 0.0
-    config.lora_rank = 4
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 4
     return config
 
@@ -506,33 +498,15 @@ def sdxl():
     wraps ResnetBlock2D and BasicTransformerBlock, the UNet's block classes (models/sdxl.py fsdp_block_classes).
     Prompts: --config.data.name=prompt_file --config.data.path=FILE; rewards: jpeg_compressibility as a placeholder,
     give yours with --config.reward.fns."""
-    config = base.get_config()
-    config.pretrained.model = ""  # a local SDXL folder: --config.pretrained.model=PATH
-    config.mixed_precision = "bf16"
-    config.use_lora = True
-    config.lora_rank = 32
-    config.gradient_checkpointing = True
-    config.num_epochs = 100
-    config.save_freq = 10
-    config.eval_freq = 10
+    config = _family_full_size(base.get_config())  # every DDIM step trained, as DDPO does with SD
     config.eval.num_samples = 32
     config.eval.batch_size = 4
-    config.eval.pass_at_k = 0
     config.sample.num_steps = 30
     config.sample.eta = 1.0
     config.sample.guidance_scale = 6.0
-    config.sample.batch_size = 4
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 8  # per process: 16 samples = 2 prompts x 8 copies
-    config.train.batch_size = 2
-    config.train.gradient_accumulation_steps = 4
+    _batches(config, 4, 4, 8, 2, accumulation=4)  # per process: 16 samples = 2 prompts x 8 copies
     config.train.learning_rate = 1e-4
-    config.train.clip_range = 1e-4
-    config.train.beta = 0.0
-    config.train.min_step_std = 0.0  # every DDIM step trained, as DDPO does with SD
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 8
-    config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
     return config
 
 
@@ -542,30 +516,13 @@ def flux_tiny():
     dev-like guidance embedding, 32x32 px) trained with Flow-GRPO's SDE, the embedded guidance 3.5 (no CFG: FLUX.1-dev
     is guidance-distilled) and the cheap JPEG reward (its random weights draw noise, which the toy-world verifier
     scores 0 throughout). Checks the FLUX path end to end."""
-    config = base.get_config()
-    config.pretrained.model = "flux-tiny"
+    config = _flow_grpo_sde(_family_tiny(base.get_config(), "flux-tiny"), num_steps=6)
     config.pretrained.resolution = 32
     config.pretrained.embedded_guidance = 3.5
-    config.mixed_precision = "no"
-    config.use_lora = True
-    config.lora_rank = 4
-    config.num_epochs = 10
-    config.save_freq = 5
-    config.eval_freq = 5
     config.eval.num_samples = 16
-    config.eval.pass_at_k = 0
-    config.sample.num_steps = 6
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
     config.sample.guidance_scale = 1.0
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 2
-    config.sample.k = 4  # 16 samples per epoch = 4 conditions x 4 copies
-    config.train.batch_size = 8
-    config.train.learning_rate = 1e-3
-    config.train.clip_range = 1e-2
+    _batches(config, 8, 2, 4, 8)  # 16 samples per epoch = 4 conditions x 4 copies
     config.train.min_step_std = 0.0
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 8
     return config
 
@@ -578,36 +535,15 @@ def flux():
     FLUX.1-schnell: --config.sample.num_steps=4 (it has no guidance embedding; embedded_guidance is ignored).
     FSDP2 (config/accelerate/fsdp2.yaml) wraps FluxTransformerBlock and FluxSingleTransformerBlock.
     Rewards: jpeg_compressibility as a placeholder; give yours with --config.reward.fns."""
-    config = base.get_config()
-    config.pretrained.model = ""  # a local FLUX.1 folder: --config.pretrained.model=PATH
+    config = _flow_grpo_sde(_family_full_size(base.get_config()), num_steps=16)  # --config.pretrained.model=PATH
     config.pretrained.resolution = 512
     config.pretrained.embedded_guidance = 3.5
-    config.mixed_precision = "bf16"
-    config.gradient_checkpointing = True
-    config.use_lora = True
-    config.lora_rank = 32
-    config.num_epochs = 100
-    config.save_freq = 10
-    config.eval_freq = 10
     config.eval.num_samples = 64
     config.eval.batch_size = 8
-    config.eval.pass_at_k = 0
-    config.sample.num_steps = 16
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
     config.sample.guidance_scale = 1.0  # true CFG off: FLUX.1-dev's guidance is the embedded one above
-    config.sample.batch_size = 8
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 8  # per process: 32 samples = 4 prompts x 8 copies
-    config.train.batch_size = 4
-    config.train.gradient_accumulation_steps = 2
+    _batches(config, 8, 4, 8, 4, accumulation=2)  # per process: 32 samples = 4 prompts x 8 copies
     config.train.learning_rate = 1e-4
-    config.train.clip_range = 1e-4
-    config.train.beta = 0.0  # no reference forward: the 12 B transformer's memory goes to the policy
-    config.train.min_step_std = 0.0  # every SDE step trained
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 8
-    config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
     return config
 
 
@@ -618,31 +554,14 @@ def wan_tiny():
     matching), 32x32 px x 5 frames, Flow-GRPO's SDE, CFG 5 against the empty prompt, and the JPEG reward scored on
     every frame and averaged per sample (rewards package docstring; its random weights draw noise, which the
     toy-world verifier scores 0 throughout). Checks the video path end to end."""
-    config = base.get_config()
-    config.pretrained.model = "wan-tiny"
+    config = _flow_grpo_sde(_family_tiny(base.get_config(), "wan-tiny"), num_steps=6)
     config.pretrained.resolution = 32
     config.pretrained.num_frames = 5  # 2 latent frames
-    config.mixed_precision = "no"
-    config.use_lora = True
-    config.lora_rank = 4
-    config.num_epochs = 10
-    config.save_freq = 5
-    config.eval_freq = 5
     config.eval.num_samples = 8
     config.eval.batch_size = 8
-    config.eval.pass_at_k = 0  # no "fully right" for the JPEG reward
-    config.sample.num_steps = 6
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
     config.sample.guidance_scale = 5.0
-    config.sample.batch_size = 4
-    config.sample.num_batches_per_epoch = 2
-    config.sample.k = 4  # 8 samples per epoch = 2 conditions x 4 copies
-    config.train.batch_size = 4
-    config.train.learning_rate = 1e-3
-    config.train.clip_range = 1e-2
+    _batches(config, 4, 2, 4, 4)  # 8 samples per epoch = 2 conditions x 4 copies
     config.train.min_step_std = 0.0
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 4
     return config
 
@@ -656,41 +575,21 @@ def wan():
     gradient checkpointing, a 4-step SDE window per epoch (ODE elsewhere) so that each sample trains on 4 forwards
     instead of 20. FSDP2 (config/accelerate/fsdp2.yaml) wraps WanTransformerBlock. Rewards: jpeg_compressibility on
     every frame as a placeholder; give an image reward (scored per frame) or a @clip_reward with --config.reward.fns."""
-    config = base.get_config()
-    config.pretrained.model = ""  # a local Wan 2.1 folder: --config.pretrained.model=PATH
+    config = _flow_grpo_sde(_family_full_size(base.get_config()), num_steps=20)  # every step of the window trained
     config.pretrained.num_frames = 33
-    config.mixed_precision = "bf16"
-    config.gradient_checkpointing = True
-    config.use_lora = True
-    config.lora_rank = 32
-    config.num_epochs = 100
-    config.save_freq = 10
-    config.eval_freq = 10
     config.eval.num_samples = 16
     config.eval.batch_size = 2
-    config.eval.pass_at_k = 0
-    config.sample.num_steps = 20
-    config.sample.noise_level = 0.7
-    config.sample.sde_type = "sde"
     config.sample.sde_window_size = 4
     config.sample.sde_window_mode = "random"
     config.sample.guidance_scale = 5.0
     config.sample.shared_init_noise = True  # a group's spread comes from the policy's steps, not from x_T
-    config.sample.batch_size = 2
-    config.sample.num_batches_per_epoch = 4
-    config.sample.k = 4  # per process: 8 clips = 2 prompts x 4 copies
-    config.train.batch_size = 1
-    config.train.gradient_accumulation_steps = 4
+    _batches(config, 2, 4, 4, 1, accumulation=4)  # per process: 8 clips = 2 prompts x 4 copies
     config.train.learning_rate = 1e-4
-    config.train.clip_range = 1e-4
-    config.train.beta = 0.0
-    config.train.min_step_std = 0.0  # every step of the window trained
-    config.reward.fns = {"jpeg_compressibility": 1.0}
     config.logging.num_images = 4
-    config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
     return config
 
 
+# ---- The registry
 def get_config(name: str = "tiny"):
     # Every function of this file is a named config (an architecture's configs sit after its section heading).
     configs = {n: f for n, f in globals().items()
