@@ -14,7 +14,7 @@ from ddpo_grpo.core import offload
 from ddpo_grpo.models import load_pipeline
 from ddpo_grpo.models.base import component_dtype, inner_model
 from ddpo_grpo.trainer.embeddings import FOLDER, PromptEmbeddings
-from helpers import ROOT, cpu_env
+from helpers import ROOT, cpu_env, launch_cmd
 
 sys.path.insert(0, os.path.join(ROOT, "config"))
 import grpo  # noqa: E402
@@ -353,3 +353,28 @@ print("OK")
 def test_component_dtype_lora_rule():
     for run in (FP32, BF16, torch.float16):
         assert component_dtype("denoiser", run, lora=True) == run and component_dtype("denoiser", run) == FP32
+
+
+def test_two_processes_share_one_cached_embedding_file(tmp_path):
+    """data.cache_embeddings under 2 processes: each machine's main process encodes and writes while the others
+    wait (local_main_process_first), then they read its file: the run trains on both, and leaves exactly one
+    complete file in <run>/embeddings (no temporary one) holding every train and eval prompt and the negative ""."""
+    import glob
+
+    cmd = [*launch_cmd(2, 28900), "scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=1",
+           f"--config.logdir={tmp_path}", "--config.run_name=cached", "--config.data.cache_embeddings=True",
+           "--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1",
+           "--config.sample.k=4", "--config.train.batch_size=4", "--config.eval_freq=0", "--config.save_freq=0",
+           "--config.logging.wandb=False", "--config.logging.image_freq=0", "--config.logging.debug_dump=True"]
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    files = os.listdir(tmp_path / "cached" / FOLDER)
+    assert len(files) == 1 and files[0].endswith(".pt"), files
+    table = torch.load(tmp_path / "cached" / FOLDER / files[0], weights_only=True)
+    assert len(glob.glob(str(tmp_path / "cached" / "debug" / "epoch_0000_rank_*.json"))) == 2  # both trained
+    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.embeddings import dataset_prompts
+
+    config = grpo.get_config("tiny")
+    want = set(dataset_prompts(build_dataset(config, "train")) + dataset_prompts(build_dataset(config, "eval")) + [""])
+    assert set(table) == want and len(want) > 100

@@ -371,9 +371,12 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     # and in the run folder, and the text encoders are parked off the device (trainer/embeddings.py).
     encode = PromptEmbeddings(pipe, accelerator.device, host=cache_on)
     if cache_on:
-        with accelerator.main_process_first():  # the main process writes the file; the others read it
+        # Each machine's main process encodes and writes the file (atomically: on a shared filesystem the machines
+        # write the same bytes, renamed into place), then that machine's other processes read it: machines without a
+        # shared run folder (run_identity.py) encode in parallel, each into its own folder.
+        with accelerator.local_main_process_first():
             encode.precompute(dataset_prompts(train_data) + dataset_prompts(eval_data) + [""], folder=run_dir,
-                              settings={"model": config.pretrained.model}, write=accelerator.is_main_process)
+                              settings={"model": config.pretrained.model}, write=accelerator.is_local_main_process)
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
     old_policy = None
     if t.objective == "nft" and t.get("nft_old_decay", 0.0) > 0:

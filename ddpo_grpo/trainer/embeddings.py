@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
@@ -105,6 +106,6 @@ def _read(path: str, prompts: Sequence[str]) -> Optional[Dict[str, torch.Tensor]
 
 def _write(path: str, table: Dict[str, torch.Tensor]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"  # unique across machines sharing the folder (pids are not)
     torch.save(table, tmp)
     os.replace(tmp, path)  # atomic on one filesystem: readers see the old file or the whole new one
