@@ -353,3 +353,33 @@ print("OK")
 def test_component_dtype_lora_rule():
     for run in (FP32, BF16, torch.float16):
         assert component_dtype("denoiser", run, lora=True) == run and component_dtype("denoiser", run) == FP32
+
+
+def test_new_prompts_of_a_batch_visit_the_encoders_once(monkeypatch):
+    """Parked text encoders without the cache (pretrained.offload, data.cache_embeddings False): a batch's new prompts
+    are encoded one per call (an embedding must not depend on its batch) inside one visit of the encoders, not one
+    host -> device -> host round trip of them per prompt (T5-XXL: 9.5 GB each way); known prompts move nothing."""
+    monkeypatch.setattr(offload, "module_device", lambda m: m.fake if isinstance(m, Spy) else None)
+
+    class FakePipe:  # LoadedPipeline.encode's visit, with a Spy for the encoders
+        def __init__(self):
+            self.enc, self.unet, self.calls = Spy(), torch.nn.Linear(2, 2, device="meta"), []
+
+        def text_encoders(self):
+            return [self.enc]
+
+        def encode(self, prompts):
+            with offload.visiting(self.text_encoders(), next(self.unet.parameters()).device):
+                self.calls.append(list(prompts))
+                return torch.full((len(prompts), 3, 4), float(len(prompts[0])))
+
+    pipe = FakePipe()
+    offload.park([pipe.enc])
+    pipe.enc.moves.clear()
+    emb = PromptEmbeddings(pipe, "cpu", host=True)
+    out = emb(["a", "bb", "ccc", "a"])
+    assert pipe.calls == [["a"], ["bb"], ["ccc"]]  # one prompt per encode call
+    assert pipe.enc.moves == ["meta", "cpu"]  # one visit for the three
+    assert out.shape == (4, 3, 4) and out[:, 0, 0].tolist() == [1.0, 2.0, 3.0, 1.0]
+    emb(["bb", "a"])
+    assert pipe.enc.moves == ["meta", "cpu"] and len(pipe.calls) == 3  # all known: no visit, no encode
