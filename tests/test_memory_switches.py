@@ -383,3 +383,19 @@ def test_new_prompts_of_a_batch_visit_the_encoders_once(monkeypatch):
     assert out.shape == (4, 3, 4) and out[:, 0, 0].tolist() == [1.0, 2.0, 3.0, 1.0]
     emb(["bb", "a"])
     assert pipe.enc.moves == ["meta", "cpu"] and len(pipe.calls) == 3  # all known: no visit, no encode
+
+
+def test_cache_key_covers_what_changes_an_embedding(cache):
+    """The file name (embeddings.cache_key) changes with what changes the bits of an embedding beyond the prompts and
+    settings: SDXL's resolution (packed in its time ids) and the encoders' / denoiser's dtype; the same model and
+    prompts give the same name in another process (nothing per-object in it)."""
+    from ddpo_grpo.trainer.embeddings import cache_key
+
+    small, large = load_pipeline("sdxl-tiny", resolution=16), load_pipeline("sdxl-tiny", resolution=32)
+    with torch.no_grad():
+        assert not torch.equal(small.encode(["x"]), large.encode(["x"]))  # so a shared file would be wrong
+    assert cache_key(small, {}, ["x"]) != cache_key(large, {}, ["x"])
+    fp32, bf16 = load_pipeline("tiny-t2i"), load_pipeline("tiny-t2i", torch_dtype=BF16)
+    assert cache_key(fp32, {}, ["x"]) != cache_key(bf16, {}, ["x"])
+    assert cache_key(fp32, {}, ["x"]) == cache_key(load_pipeline("tiny-t2i"), {}, ["x"])
+    assert cache_key(fp32, {}, ["x", "y"]) != cache_key(fp32, {}, ["y", "x"])  # the order the file lists them in
