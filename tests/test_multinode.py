@@ -336,3 +336,29 @@ def test_a_local_distributed_error_keeps_its_traceback():
              RuntimeError("CUDA error: the launch timed out and was terminated"))  # this GPU's own watchdog
     for e in local:
         assert lost_peer_line(e, cfg, 2) is None, e
+
+
+def test_fsdp2_without_shared_logdir_is_refused_when_the_hacking_guard_may_save(tmp_path, monkeypatch):
+    """train.hacking_guard="stop" saves a checkpoint when its alarm fires, whatever save_freq says (scripts/train.py):
+    under FSDP2 on run folders that are not shared that checkpoint would be split over the machines (each process's
+    shard on its own, the index on machine 0's) and could not be resumed, so agree_run refuses it as it refuses
+    save_freq > 0. With save_freq=0 and no guard that stops, nothing is saved and the run goes on."""
+    import types
+
+    from config import base
+
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer import run_identity
+
+    monkeypatch.setattr(run_identity, "broadcast", lambda obj, acc: obj)  # two machines' processes, as one
+    monkeypatch.setattr(run_identity, "_detect_shared", lambda acc, run_dir, nonce: False)  # a logdir per machine
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    acc = types.SimpleNamespace(num_processes=2, is_main_process=True)
+    config = base.get_config()
+    config.logdir, config.run_name, config.save_freq = str(tmp_path), "r", 0
+    config.train.hacking_guard = "warn"
+    assert run_identity.agree_run(acc, config, "", "default", "ddim").shared is False
+    config.train.hacking_guard = "stop"
+    with pytest.raises(ConfigError, match="FSDP2's sharded checkpoints need one filesystem"):
+        run_identity.agree_run(acc, config, "", "default", "ddim")
