@@ -104,6 +104,17 @@ def test_launch_engine_reads_accelerates_environment():
                              "PARALLELISM_CONFIG_DP_SHARD_SIZE": "4"}) == mp.Engine("fsdp2", 4)
 
 
+def test_fsdp2_plan_ignores_fsdp1s_sharding_strategy():
+    """accelerate launch exports FSDP_SHARDING_STRATEGY for every FSDP launch (an FSDP1 YAML's
+    fsdp_sharding_strategy, default FULL_SHARD), but FSDP2 does not read it, and scale.after_prepare makes every FSDP2
+    group reshard after forward: an FSDP2 launch is full shard whatever that variable or FSDP_RESHARD_AFTER_FORWARD
+    say. Planning NO_SHARD as DDP replicas would overstate the per-device bytes by the world size."""
+    for extra in ({"FSDP_SHARDING_STRATEGY": "NO_SHARD"}, {"FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"},
+                  {"FSDP_SHARDING_STRATEGY": "2"}, {"FSDP_RESHARD_AFTER_FORWARD": "false"}):
+        env = dict({"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, **extra)
+        assert mp.launch_engine(env) == mp.Engine("fsdp2", 8), extra
+
+
 # ------------------------------------------------------------------------------------------ against real memory
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",

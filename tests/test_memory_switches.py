@@ -378,3 +378,49 @@ def test_two_processes_share_one_cached_embedding_file(tmp_path):
     config = grpo.get_config("tiny")
     want = set(dataset_prompts(build_dataset(config, "train")) + dataset_prompts(build_dataset(config, "eval")) + [""])
     assert set(table) == want and len(want) > 100
+
+
+def test_new_prompts_of_a_batch_visit_the_encoders_once(monkeypatch):
+    """Parked text encoders without the cache (pretrained.offload, data.cache_embeddings False): a batch's new prompts
+    are encoded one per call (an embedding must not depend on its batch) inside one visit of the encoders, not one
+    host -> device -> host round trip of them per prompt (T5-XXL: 9.5 GB each way); known prompts move nothing."""
+    monkeypatch.setattr(offload, "module_device", lambda m: m.fake if isinstance(m, Spy) else None)
+
+    class FakePipe:  # LoadedPipeline.encode's visit, with a Spy for the encoders
+        def __init__(self):
+            self.enc, self.unet, self.calls = Spy(), torch.nn.Linear(2, 2, device="meta"), []
+
+        def text_encoders(self):
+            return [self.enc]
+
+        def encode(self, prompts):
+            with offload.visiting(self.text_encoders(), next(self.unet.parameters()).device):
+                self.calls.append(list(prompts))
+                return torch.full((len(prompts), 3, 4), float(len(prompts[0])))
+
+    pipe = FakePipe()
+    offload.park([pipe.enc])
+    pipe.enc.moves.clear()
+    emb = PromptEmbeddings(pipe, "cpu", host=True)
+    out = emb(["a", "bb", "ccc", "a"])
+    assert pipe.calls == [["a"], ["bb"], ["ccc"]]  # one prompt per encode call
+    assert pipe.enc.moves == ["meta", "cpu"]  # one visit for the three
+    assert out.shape == (4, 3, 4) and out[:, 0, 0].tolist() == [1.0, 2.0, 3.0, 1.0]
+    emb(["bb", "a"])
+    assert pipe.enc.moves == ["meta", "cpu"] and len(pipe.calls) == 3  # all known: no visit, no encode
+
+
+def test_cache_key_covers_what_changes_an_embedding(cache):
+    """The file name (embeddings.cache_key) changes with what changes the bits of an embedding beyond the prompts and
+    settings: SDXL's resolution (packed in its time ids) and the encoders' / denoiser's dtype; the same model and
+    prompts give the same name in another process (nothing per-object in it)."""
+    from ddpo_grpo.trainer.embeddings import cache_key
+
+    small, large = load_pipeline("sdxl-tiny", resolution=16), load_pipeline("sdxl-tiny", resolution=32)
+    with torch.no_grad():
+        assert not torch.equal(small.encode(["x"]), large.encode(["x"]))  # so a shared file would be wrong
+    assert cache_key(small, {}, ["x"]) != cache_key(large, {}, ["x"])
+    fp32, bf16 = load_pipeline("tiny-t2i"), load_pipeline("tiny-t2i", torch_dtype=BF16)
+    assert cache_key(fp32, {}, ["x"]) != cache_key(bf16, {}, ["x"])
+    assert cache_key(fp32, {}, ["x"]) == cache_key(load_pipeline("tiny-t2i"), {}, ["x"])
+    assert cache_key(fp32, {}, ["x", "y"]) != cache_key(fp32, {}, ["y", "x"])  # the order the file lists them in

@@ -302,3 +302,63 @@ def test_lost_peer_line():
     assert lost_peer_line(gloo, cfg, 1) is None  # one process: nothing to lose
     assert lost_peer_line(RuntimeError("CUDA out of memory"), cfg, 2) is None
     assert lost_peer_line(ValueError("Connection reset by peer"), cfg, 2) is None
+    closed = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+                          "by peer [127.0.0.1]:12345")
+    timed_out = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed "
+                             "out waiting 10000ms for recv operation to complete")
+    nccl_timeout = dist.DistBackendError("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+                                         "OpType=ALLREDUCE) ran for 1800000 milliseconds before timing out.")
+    nccl_abort = dist.DistBackendError("NCCL communicator was aborted on rank 0.")
+    for lost in (closed, timed_out, nccl_timeout, nccl_abort, dist.DistNetworkError("Connection reset by peer")):
+        assert lost_peer_line(lost, cfg, 2) is not None, lost
+
+
+def test_a_local_distributed_error_keeps_its_traceback():
+    """A failure of this process itself inside a collective (every process may hit it: an op gloo lacks, NCCL running
+    out of GPU memory, a bad interface at start) is not a lost peer: telling the user that another process stopped and
+    that the first failure is in the other machines' logs would send them to the wrong log, and os._exit would drop
+    the traceback that shows where it failed."""
+    import types
+
+    import torch.distributed as dist
+
+    from ddpo_grpo.trainer.devices import lost_peer_line
+
+    cfg = types.SimpleNamespace(collective_timeout_s=30)
+    local = (RuntimeError("ProcessGroupGloo::allreduce: unsupported layout"),
+             RuntimeError("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] "
+                          "ifa != nullptr. Unable to find address for: eth7"),
+             dist.DistBackendError("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, unhandled "
+                                   "cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+                                   "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure "
+                                   "'out of memory'"),
+             RuntimeError("c10d::allreduce_() Expected a CPU tensor for gloo"),
+             RuntimeError("CUDA error: the launch timed out and was terminated"))  # this GPU's own watchdog
+    for e in local:
+        assert lost_peer_line(e, cfg, 2) is None, e
+
+
+def test_fsdp2_without_shared_logdir_is_refused_when_the_hacking_guard_may_save(tmp_path, monkeypatch):
+    """train.hacking_guard="stop" saves a checkpoint when its alarm fires, whatever save_freq says (scripts/train.py):
+    under FSDP2 on run folders that are not shared that checkpoint would be split over the machines (each process's
+    shard on its own, the index on machine 0's) and could not be resumed, so agree_run refuses it as it refuses
+    save_freq > 0. With save_freq=0 and no guard that stops, nothing is saved and the run goes on."""
+    import types
+
+    from config import base
+
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer import run_identity
+
+    monkeypatch.setattr(run_identity, "broadcast", lambda obj, acc: obj)  # two machines' processes, as one
+    monkeypatch.setattr(run_identity, "_detect_shared", lambda acc, run_dir, nonce: False)  # a logdir per machine
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    acc = types.SimpleNamespace(num_processes=2, is_main_process=True)
+    config = base.get_config()
+    config.logdir, config.run_name, config.save_freq = str(tmp_path), "r", 0
+    config.train.hacking_guard = "warn"
+    assert run_identity.agree_run(acc, config, "", "default", "ddim").shared is False
+    config.train.hacking_guard = "stop"
+    with pytest.raises(ConfigError, match="FSDP2's sharded checkpoints need one filesystem"):
+        run_identity.agree_run(acc, config, "", "default", "ddim")

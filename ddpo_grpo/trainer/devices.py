@@ -194,11 +194,16 @@ def collective_timeout(config):
     return datetime.timedelta(seconds=seconds)
 
 
-# What gloo / NCCL / HCCL / the c10d store say when a peer died or did not answer in time: torch 2.x raises DistError
-# subclasses for most, and gloo's transport a plain RuntimeError naming its source file ("[.../gloo/transport/tcp/
-# pair.cc:537] Read error ...: Connection reset by peer", "[.../unbound_buffer.cc:78] Timed out waiting 10000ms").
-_PEER_MARKERS = ("/gloo/", "NCCL", "HCCL", "ProcessGroup", "c10d", "Connection reset by peer",
-                 "Connection closed by peer")
+# What a collective raises when a peer died or did not answer in time. The c10d store's and the network's errors
+# (DistStoreError, DistNetworkError: the rendezvous or the store's host is gone) always are. Backend errors
+# (DistBackendError, or gloo's plain RuntimeError naming its source file) only when they say a connection to a peer
+# broke or a wait ran out: "[.../gloo/transport/tcp/pair.cc:537] Read error ...: Connection reset by peer",
+# "[.../unbound_buffer.cc:78] Timed out waiting 10000ms", NCCL's "Watchdog caught collective operation timeout" /
+# "communicator was aborted", HCCL's "... times out". Anything else from a backend (an op gloo lacks, NCCL out of
+# GPU memory, no usable network interface) is this process's own failure and keeps its traceback.
+_PEER_PHRASES = ("connection reset by peer", "connection closed by peer", "broken pipe", "timed out", "timeout",
+                 "timing out", "times out", "time out", "communicator was aborted")
+_BACKENDS = ("/gloo/", "NCCL", "HCCL", "ProcessGroup", "c10d")  # a plain RuntimeError from a backend names it
 
 
 def lost_peer_line(exc: BaseException, config, world_size: int) -> "str | None":
@@ -208,9 +213,11 @@ def lost_peer_line(exc: BaseException, config, world_size: int) -> "str | None":
         return None
     import torch.distributed as dist
 
-    dist_error = getattr(dist, "DistError", ())
+    peer_errors = tuple(c for c in (getattr(dist, "DistStoreError", None), getattr(dist, "DistNetworkError", None)) if c)
     msg = str(exc)
-    if not (isinstance(exc, dist_error) or (isinstance(exc, RuntimeError) and any(m in msg for m in _PEER_MARKERS))):
+    said = any(p in msg.lower() for p in _PEER_PHRASES)
+    backend = isinstance(exc, getattr(dist, "DistError", ())) or any(m in msg for m in _BACKENDS)
+    if not (isinstance(exc, peer_errors) or (isinstance(exc, RuntimeError) and backend and said)):
         return None
     first = next((ln.strip() for ln in msg.splitlines() if ln.strip()), "")[:200]
     return (f"another process of this {world_size}-process job stopped or did not answer within "

@@ -57,9 +57,11 @@ class PromptEmbeddings:
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[str]) -> torch.Tensor:
-        for p in dict.fromkeys(prompts):
-            if p not in self.table:
-                self.table[p] = self._one(p)
+        todo = [p for p in dict.fromkeys(prompts) if p not in self.table]
+        if todo:  # parked encoders (pretrained.offload) visit once for the batch's new prompts, not once per prompt
+            with visiting(self.pipe.text_encoders(), next(self.pipe.unet.parameters()).device):
+                for p in todo:
+                    self.table[p] = self._one(p)
         return torch.stack([self.table[p] for p in prompts]).to(self.device)
 
     @property

@@ -177,8 +177,10 @@ def describe(names: List[str], engine: Engine) -> str:
 # ------------------------------------------------------------------------------------------- launch environment
 def launch_engine(environ=None) -> Engine:
     """The engine and shard size of this launch, from the environment `accelerate launch` sets (scale.engine owns
-    which engine): FSDP full shard over WORLD_SIZE (or the hybrid config's dp_shard size), DeepSpeed ZeRO at
-    ACCELERATE_DEEPSPEED_ZERO_STAGE (accelerate's default 2), else DDP replicas."""
+    which engine): FSDP2 full shard over WORLD_SIZE (or the hybrid config's dp_shard size), DeepSpeed ZeRO at
+    ACCELERATE_DEEPSPEED_ZERO_STAGE (accelerate's default 2), else DDP replicas. FSDP_SHARDING_STRATEGY is FSDP1's
+    (accelerate exports it for every FSDP launch; FSDP2 ignores it) and scale.after_prepare makes every FSDP2 group
+    reshard after forward, so an FSDP2 launch is always planned as full shard. FSDP1 is refused (scale.check_engine)."""
     from .scale import engine as launched
 
     env = os.environ if environ is None else environ
@@ -190,10 +192,7 @@ def launch_engine(environ=None) -> Engine:
     if kind in ("fsdp2", "fsdp1"):
         if str(env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "")).lower() in ("1", "true", "yes"):
             world = int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE") or world)
-        strategy = str(env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD")).upper()
-        if strategy in ("NO_SHARD", "3"):
-            return Engine("ddp", world)
-        return Engine("zero2" if strategy in ("SHARD_GRAD_OP", "2") else "fsdp2", world)
+        return Engine("fsdp2", world)
     return Engine("ddp", world)
 
 

@@ -74,11 +74,13 @@ def agree_run(acc, config, ckpt: str, default_name: str, family: str) -> RunPlac
     run_dir = local or os.path.join(config.logdir, name)
     os.makedirs(run_dir, exist_ok=True)
     shared = _detect_shared(acc, run_dir, nonce)
-    if not shared and engine() == "fsdp2" and (config.save_freq or ckpt):
+    # train.hacking_guard="stop" saves a checkpoint when its alarm fires, whatever save_freq says (scripts/train.py)
+    saves = config.save_freq or config.train.get("hacking_guard", "off") == "stop"
+    if not shared and engine() == "fsdp2" and (saves or ckpt):
         raise ConfigError(
             f"the run folder {run_dir} is not shared by all machines, and FSDP2's sharded checkpoints need one "
             "filesystem (each process writes its shard, rank 0 the index): give every machine a --config.logdir on "
-            "a shared filesystem, or --config.save_freq=0")
+            "a shared filesystem, or --config.save_freq=0 (and train.hacking_guard other than 'stop')")
     if ckpt:
         ckpt = _common_checkpoint(acc, config, ckpt, family)
     wandb_id = wandb_run_id(run_dir) if acc.is_main_process else ""
