@@ -308,3 +308,16 @@ def test_meta_counts_of_each_family_are_its_real_modules(name):
     assert got.text_encoders == (encoders or ({"text_encoder": numel(pipe.text_encoder)} if pipe.text_encoder else {}))
     assert got.sample_shape == tuple(pipe.sample_shape)
     assert (got.act_bytes_ckpt if cfg.gradient_checkpointing else got.act_bytes) > 0
+
+
+def test_host_memory_of_the_switches_by_hand():
+    """What cache_embeddings / offload move off the device is held per process on the host: the cached embeddings
+    in the denoiser's load dtype (LoRA bf16: 2 bytes; full: fp32), the parked text encoders and the VAE."""
+    c = counts()
+    assert mp.host(c, mp.Settings(precision="bf16")) == []
+    got = dict(mp.host(c, mp.Settings(precision="bf16", use_lora=True, cache_embeddings=True)))
+    assert got == {"prompt embeddings": 3 * 7 * 2, "text encoders": 100 * 2}
+    got = dict(mp.host(c, mp.Settings(precision="bf16", cache_embeddings=True, offload=True)))
+    assert got == {"prompt embeddings": 3 * 7 * 4, "text encoders": 100 * 2, "vae": 50 * 2}
+    got = dict(mp.host(c, mp.Settings(precision="no", offload=True)))
+    assert got == {"text encoders": 100 * 4, "vae": 50 * 4}

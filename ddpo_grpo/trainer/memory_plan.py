@@ -86,7 +86,12 @@ def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
     frozen = c.denoiser if s.use_lora else c.denoiser - c.full_trainable
     deepspeed_mixed = zero and mixed  # DeepSpeed holds the model in the run dtype, fp32 masters in the optimizer
     p_bytes = run if deepspeed_mixed else 4
-    base_bytes = run if (s.use_lora or deepspeed_mixed) else 4  # LoRA: frozen base in the run dtype
+    # The denoiser's load dtype is models.base.component_dtype's (LoRA: the frozen base in the run dtype; full: fp32
+    # master weights); DeepSpeed under mixed precision then holds the module itself in the run dtype.
+    from ddpo_grpo.models.base import component_dtype, run_dtype
+
+    loaded = component_dtype("denoiser", run_dtype(s.precision), lora=s.use_lora).itemsize
+    base_bytes = run if deepspeed_mixed else loaded
     rows = [(f"denoiser frozen params ({_dt(base_bytes)})", _shard(frozen * base_bytes, params_split, e)),
             (f"denoiser trainable params ({'LoRA' if s.use_lora else 'full'}, {_dt(p_bytes)})",
              _shard(trainable * p_bytes, params_split, e)),
@@ -114,6 +119,24 @@ def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
     per_sample = (c.act_bytes_ckpt if s.gradient_checkpointing else c.act_bytes) * run / 4.0 * s.rows_per_sample
     rows.append((f"activations {per_sample / GiB:.2f} GiB/sample x train.batch_size {s.train_batch_size}"
                  + (" (grad. ckpt)" if s.gradient_checkpointing else ""), per_sample * s.train_batch_size))
+    return rows
+
+
+def host(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
+    """Host bytes per process that the switches move off the device (every process holds its own copy): the cached
+    prompt embeddings (data.cache_embeddings, trainer/embeddings.py keeps the whole set), the text encoders parked
+    after caching or offloaded (pretrained.offload, core/offload.py), the offloaded VAE. [] when both are off."""
+    run = DTYPE_BYTES[s.precision]
+    from ddpo_grpo.models.base import component_dtype, run_dtype
+
+    emb_bytes = component_dtype("denoiser", run_dtype(s.precision), lora=s.use_lora).itemsize  # encode casts to it
+    rows = []
+    if s.cache_embeddings:
+        rows.append(("prompt embeddings", c.num_prompts * c.condition_elems * float(emb_bytes)))
+    if s.cache_embeddings or s.offload:
+        rows.append(("text encoders", sum(c.text_encoders.values()) * float(run)))
+    if s.offload:
+        rows.append(("vae", c.vae * float(c.vae_bytes.get(s.precision, run))))
     return rows
 
 
@@ -266,6 +289,10 @@ def report(config, environ=None) -> List[str]:
     s = settings_of(config, precision)
     rows = plan(counts, s, engine)
     lines = format_plan(rows, engine, precision)
+    held = host(counts, s)
+    if held:  # not per device, but what each process holds in host memory instead
+        lines.append(f"host memory per process, off the device: {total(held) / GiB:.2f} GiB ("
+                     + ", ".join(f"{label} {b / GiB:.2f}" for label, b in held) + ")")
     if capacity is not None:
         if fits(total(rows), capacity):
             lines.append(f"fits {capacity:.1f} GiB per device ({MARGIN:.0%} kept for what the plan leaves out)")
