@@ -187,3 +187,12 @@ def test_live_check_under_history_or_running_stats_checks_the_trackers_own_stati
                       (nan, "condition 5 column 0: advantage nan is not finite")):
         with pytest.raises(VerificationError, match=text):
             verify_groups(keys, bad, np.ones(8, bool), rewards, 4, tracker)
+
+
+def test_live_check_before_any_valid_reward_reaches_running_stats():
+    """Running statistics that have seen no valid reward yet (every sample invalid so far) have no mean to report:
+    the check passes on an all-masked epoch and its line says so (found by the zero-spread property test)."""
+    tracker = PerPromptStatTracker(std_mode="running")
+    keys = np.array([3, 3])
+    metrics, table = verify_groups(keys, np.zeros(2), np.zeros(2, bool), np.full(2, np.nan), 2, tracker)
+    assert "running statistics (none yet" in table.splitlines()[0]

@@ -112,6 +112,8 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
 def tracker_mode(tracker: PerPromptStatTracker) -> str:
     """Which statistics the advantages are taken with, in words, for the check's line."""
     if tracker.std_mode == "running":
+        if tracker.running_mean is None:  # no valid reward has reached the running statistics yet
+            return "running statistics (none yet: no valid reward so far)"
         return (f"running statistics (mean {float(np.mean(tracker.running_mean)):.4g}, std "
                 f"{float(np.mean(np.sqrt(tracker.running_var))):.4g} after {tracker.running_count} updates)")
     return (f"history buffer ({tracker.std_mode} mode, last {tracker.buffer_size} rewards per condition, the batch's "
