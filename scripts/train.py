@@ -27,14 +27,16 @@ def main(_):
     try:
         run(FLAGS.config)
     except (ConfigError, RewardError, VerificationError, InvalidRewardError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")  # one write: processes stopping together do not splice their lines
+        sys.stderr.flush()
         sys.exit(2)
     except Exception as e:  # a peer died or hung: one line, and no wait on it at exit
         line = lost_peer_line(e, FLAGS.config, int(os.environ.get("WORLD_SIZE", "1")))
         if line is None:
             raise
         sys.stdout.flush()
-        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: {line}\n")
+        sys.stderr.flush()
         os._exit(1)  # not sys.exit: interpreter teardown would destroy the process group, waiting on the lost peer
 
 
