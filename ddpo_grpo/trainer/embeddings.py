@@ -64,11 +64,6 @@ class PromptEmbeddings:
                     self.table[p] = self._one(p)
         return torch.stack([self.table[p] for p in prompts]).to(self.device)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the held embeddings take."""
-        return sum(t.numel() * t.element_size() for t in self.table.values())
-
     @torch.no_grad()
     def precompute(self, prompts: Iterable[str], folder: Optional[str] = None, settings: Optional[dict] = None,
                    write: bool = True) -> str:
