@@ -39,6 +39,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ddpo_grpo.core.families import FlowFamily
+
 from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
     folder_vae_dtype, freeze, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
@@ -180,8 +182,8 @@ class FluxAdapter(ModelAdapter):
             raise ConfigError(f"model {path!r} is a FluxPipeline folder without {', '.join(missing)}/; it needs "
                               f"{', '.join(COMPONENTS)}")
         sched_class = _read_config(path, "scheduler", "scheduler_config.json").get("_class_name")
-        if sched_class != "FlowMatchEulerDiscreteScheduler":
-            raise ConfigError(f"model {path!r}: a FluxPipeline samples with FlowMatchEulerDiscreteScheduler, this "
+        if sched_class != FlowFamily.scheduler_class_name:  # the flow family's one scheduler class
+            raise ConfigError(f"model {path!r}: a FluxPipeline samples with {FlowFamily.scheduler_class_name}, this "
                               f"folder's scheduler is {sched_class}")
         why = self.check_resolution(path, resolution)
         if why:

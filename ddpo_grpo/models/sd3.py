@@ -24,6 +24,8 @@ from typing import Sequence
 
 import torch
 
+from ddpo_grpo.core.families import FlowFamily
+
 from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
     folder_vae_dtype, freeze, load_scheduler, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
@@ -125,9 +127,9 @@ class SD3Adapter(ModelAdapter):
         if why:
             raise ConfigError(f"pretrained.resolution: {why}")
         sched_class = _read_config(path, "scheduler", "scheduler_config.json").get("_class_name")
-        if sched_class != "FlowMatchEulerDiscreteScheduler":
+        if sched_class != FlowFamily.scheduler_class_name:  # the flow family's one scheduler class
             raise ConfigError(f"model {path!r}: a StableDiffusion3Pipeline samples with "
-                              f"FlowMatchEulerDiscreteScheduler, this folder's scheduler is {sched_class}")
+                              f"{FlowFamily.scheduler_class_name}, this folder's scheduler is {sched_class}")
         kw = dict(local_files_only=True)
         scheduler, family = load_scheduler(path, dynamic_shift=self.dynamic_shift)  # run_scheduler gives it its mu
         text_dtype = component_dtype("text_encoder", torch_dtype)  # T5-XXL: 9.5 GB in bf16, 19 GB in float32
