@@ -46,6 +46,22 @@ SWITCHES = {  # name -> config overrides, measured one at a time against the bas
 MODELS = {"sd15-random": "sd15_random_bench", "sdxl-random": "sdxl", "sd35-medium-random": "sd3",
           "flux-dev-random": "flux", "wan21-1.3b-random": "wan", "recam-1.3b-random": "recam"}
 MAX_CPU_RESOLUTION = 128  # CPU runs are smoke tests: SD at 512 px on a CPU takes minutes per call
+# scripts/gpu_check.sh: each real-shape build once, in its own process under its own time-out, cheapest first (a hang
+# late loses least), all six within ~450 s of time-outs on one 80 GB GPU (8 minutes with the host's start-up). Each
+# runs its named config (LoRA or full as it says, bf16, its resolution, B, CFG, rank) with the steps and sampling
+# batches cut to fit the time: model -> (time-out s, sampling B, steps, gradient checkpointing, other overrides).
+# Gradient checkpointing is on where the memory plan says the point does not fit 80 GB without it (the dry run
+# checks each choice against the plan). recam: 33 frames instead of its config's 81 (the 81-frame source + target
+# clip is ~38 k tokens a row: one training step-sample alone is tens of seconds); 33 is Wan's config's count.
+GPU_CHECK_MEMORY_GIB = 80.0
+GPU_CHECK = {
+    "sd15-random": (40, 8, 10, False, {}),
+    "sd35-medium-random": (65, 8, 6, False, {}),
+    "sdxl-random": (70, 4, 8, False, {}),
+    "wan21-1.3b-random": (80, 2, 4, True, {}),
+    "recam-1.3b-random": (90, 2, 2, True, {"pretrained.num_frames": 33}),
+    "flux-dev-random": (105, 8, 6, False, {}),
+}
 
 
 def fail(msg: str) -> None:
@@ -101,6 +117,81 @@ def point_config(args, model: str, B: int, cfg: bool, mode: str, overrides: dict
     return c
 
 
+def gpu_check_config(args, model: str, ckpt=None):
+    """The config gpu_check.sh runs `model` at: its named config's mode (LoRA / full), CFG, rank and resolution, with
+    GPU_CHECK's sampling B, steps and gradient checkpointing (`ckpt` overrides: the plan's check), one sampling batch,
+    bf16 (also on the dry run's CPU, so that the plan it prints is the GPU run's). train.onpolicy_check="warn": the
+    check's stop would end the point before its timings; the table compares the worst |r - 1| with the tolerance
+    instead and gpu_check.sh fails on it there."""
+    _, B, steps, ckpt_default, extra = GPU_CHECK[model]
+    named = named_config(MODELS[model])
+    cfg = float(named.sample.guidance_scale) != 1.0
+    mode = "lora" if named.use_lora else "full"
+    over = {"sample.num_steps": steps, "sample.num_batches_per_epoch": 1,
+            "gradient_checkpointing": ckpt_default if ckpt is None else ckpt, "train.onpolicy_check": "warn", **extra}
+    c = point_config(args, model, B, cfg, mode, over)
+    c.mixed_precision = "bf16"
+    return c
+
+
+def gpu_check_point(model: str):
+    """(model, B, cfg, mode, switch) of gpu_check_config's run, for labels and the plan line."""
+    named = named_config(MODELS[model])
+    return (model, GPU_CHECK[model][1], float(named.sample.guidance_scale) != 1.0,
+            "lora" if named.use_lora else "full", "none")
+
+
+def config_for(args, point):
+    model, B, cfg, mode, sw = point
+    if args.gpu_check:
+        return gpu_check_config(args, model)
+    return point_config(args, model, B, cfg, mode, SWITCHES.get(sw, {}))
+
+
+def memory_plan_gib(config, capacity_gib: float = GPU_CHECK_MEMORY_GIB):
+    """(the memory plan's total per device in GiB, whether it fits `capacity_gib`) for a one-process launch, read
+    from memory_plan.report's lines (the plan print_plan prints at a run's start: one definition of the number)."""
+    from ddpo_grpo.trainer.memory_plan import report
+
+    before = config.device_memory_gb
+    config.device_memory_gb = capacity_gib  # the verdict for an 80 GB card, also on a CPU
+    try:
+        lines = report(config, environ={})
+    finally:
+        config.device_memory_gb = before
+    total = next(float(line.split(":", 1)[1].split()[0]) for line in lines if line.startswith("total per device:"))
+    return total, any(line.startswith("fits ") for line in lines)
+
+
+def gpu_check_counts(args, model: str) -> dict:
+    """What gpu_check.sh reads beside the measured rows, from meta-device builds (no GPU): the memory plan of the
+    point (its peak is compared with it), whether the plan needs gradient checkpointing on 80 GB (it must agree with
+    GPU_CHECK's choice, else one line, exit 2), and count_flops' FLOPs per row (the MFU)."""
+    import ddpo_grpo.trainer.meta_counts as meta_counts
+
+    config = gpu_check_config(args, model)
+    # The two plans differ only in gradient checkpointing; the meta count (most of the time: a T5-XXL and the
+    # denoiser built on "meta") holds both activation figures when a capacity is given, so it is made once.
+    count_model, made = meta_counts.count_model, []
+    meta_counts.count_model = lambda *a, **kw: made[0] if made else made.append(count_model(*a, **kw)) or made[0]
+    try:
+        plan_gib, fits = memory_plan_gib(config)
+        _, fits_without = memory_plan_gib(gpu_check_config(args, model, ckpt=False))
+    finally:
+        meta_counts.count_model = count_model
+    ckpt = bool(config.gradient_checkpointing)
+    if ckpt == fits_without:
+        fail(f"{model}: GPU_CHECK says gradient checkpointing {'on' if ckpt else 'off'}, but the memory plan "
+             f"{'fits' if fits_without else 'does not fit'} {GPU_CHECK_MEMORY_GIB:.0f} GiB without it: set it "
+             f"{'off' if fits_without else 'on'} in scripts/bench_gpu.py")
+    if not fits:
+        fail(f"{model}: the memory plan of its gpu check point ({plan_gib:.1f} GiB) does not fit "
+             f"{GPU_CHECK_MEMORY_GIB:.0f} GiB; cut GPU_CHECK's batch in scripts/bench_gpu.py")
+    out = {"plan_gib": plan_gib, "gradient_checkpointing": ckpt}
+    out.update(count_flops(model, config))
+    return out
+
+
 def count_flops(model: str, config, train: bool = True) -> dict:
     """FLOPs of one denoiser call on one row (denoiser_inputs): forward (sampling) and, with `train`, forward +
     backward (training: LoRA or full, as configured), counted by torch.utils.flop_counter on a meta-device build at
@@ -145,7 +236,7 @@ def trainer_epoch(config, device: str) -> dict:
     from ddpo_grpo.trainer.build import build_context
 
     acc = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision)
-    out = {}
+    out, epochs = {}, []
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)
         for epoch in range(2):
@@ -161,10 +252,17 @@ def trainer_epoch(config, device: str) -> dict:
             adv = advantages.compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                                 torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
-            training.train_epoch(ctx, samples, adv, epoch)
+            metrics = training.train_epoch(ctx, samples, adv, epoch) or {}
             _sync(device)
             t3 = time.perf_counter()
+            epochs.append({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
             out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0, "samples": int(len(samples.keys))}
+        # the on-policy deviation and the sampler gap over both epochs (the warm-up's first calls count too); a key
+        # train_epoch does not return (an older trainer) is None, printed "-"
+        worst = lambda key: max((e[key] for e in epochs if key in e), default=None)  # noqa: E731
+        out.update(onpolicy_ratio_max_dev=worst("onpolicy_ratio_max_dev"), sampler_gap_max=worst("sampler_gap_max"),
+                   sampler_gap_mean=epochs[-1].get("sampler_gap_mean"), metrics=epochs,
+                   startup={k: v for k, v in ctx.startup.items() if not k.endswith("_at")})
         out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
         s, t = config.sample, config.train
         cfg = float(s.guidance_scale) != 1.0
@@ -186,12 +284,23 @@ def measure_point(args, model: str, B: int, cfg: bool, mode: str, switch: str) -
 
     from benchmarks.bench_floor import floor
 
-    config = point_config(args, model, B, cfg, mode, SWITCHES.get(switch, {}))
+    config = config_for(args, (model, B, cfg, mode, switch))
     row = {"model": model, "batch_size": B, "cfg": cfg, "mode": mode, "switch": switch,
-           "resolution": int(config.pretrained.resolution), "num_steps": int(config.sample.num_steps)}
+           "resolution": int(config.pretrained.resolution), "num_steps": int(config.sample.num_steps),
+           "gradient_checkpointing": bool(config.gradient_checkpointing)}
+    try:  # the on-policy check's bound for this run's dtype (bf16 on CUDA: clip_range / 2)
+        from ddpo_grpo.core.loss import onpolicy_tolerance
+        from ddpo_grpo.models.base import run_dtype
+
+        row["onpolicy_tol"] = onpolicy_tolerance(run_dtype(config.mixed_precision), float(config.train.clip_range),
+                                                 args.device == "cuda" and config.mixed_precision == "no")
+    except Exception:  # noqa: BLE001 - a bound that cannot be read is shown "-", not a lost point
+        row["onpolicy_tol"] = None
     try:
-        row.update(count_flops(model, config))
-        fl = floor(config, True, 1, args.device) if model == "sd15-random" and not args.all_models else None
+        if args.count:  # gpu_check.sh counts in a CPU process beside the GPU runs (--counts-out) instead
+            row.update(count_flops(model, config))
+        fl = (floor(config, True, 1, args.device)
+              if model == "sd15-random" and not (args.all_models or args.gpu_check) else None)
         gc.collect()
         torch.cuda.empty_cache() if args.device == "cuda" else None
         tr = trainer_epoch(config, args.device)
@@ -201,14 +310,14 @@ def measure_point(args, model: str, B: int, cfg: bool, mode: str, switch: str) -
     finally:
         gc.collect()
         torch.cuda.empty_cache() if args.device == "cuda" else None
-    peak = args.peak_tflops * 1e12
-    train_flops = tr["train_rows"] * row["flops_train_row"] + tr["reference_rows"] * row["flops_fwd_row"]
     row.update({
         "epoch_s": tr["epoch_s"], "samples_per_s": tr["samples"] / tr["sampling_s"],
         "train_steps_per_s": tr["train_sample_steps"] / tr["training_s"], "peak_mem_mb": tr["cuda_peak_mb"],
-        "mfu_sampling": row["flops_fwd_row"] * tr["sampling_rows"] / tr["sampling_s"] / peak,
-        "mfu_training": train_flops / tr["training_s"] / peak, "trainer": tr,
+        "onpolicy_ratio_max_dev": tr["onpolicy_ratio_max_dev"], "sampler_gap_max": tr["sampler_gap_max"],
+        "sampler_gap_mean": tr["sampler_gap_mean"], "startup": tr["startup"], "trainer": tr,
     })
+    if "flops_fwd_row" in row:
+        row.update(mfu(row, args.peak_tflops))
     if fl is not None:
         row.update({
             "floor_samples_per_s": tr["samples"] / fl["sampling_s"],
@@ -220,8 +329,19 @@ def measure_point(args, model: str, B: int, cfg: bool, mode: str, switch: str) -
     return row
 
 
+def mfu(row: dict, peak_tflops: float) -> dict:
+    """MFU of sampling and training: the denoiser FLOPs of the epoch's calls (count_flops' per-row counts times the
+    rows trainer_epoch ran) per second over the GPU's peak."""
+    tr, peak = row["trainer"], peak_tflops * 1e12
+    train_flops = tr["train_rows"] * row["flops_train_row"] + tr["reference_rows"] * row["flops_fwd_row"]
+    return {"mfu_sampling": row["flops_fwd_row"] * tr["sampling_rows"] / tr["sampling_s"] / peak,
+            "mfu_training": train_flops / tr["training_s"] / peak}
+
+
 def plan(args):
     """[(model, B, cfg, mode, switch)]: every model's grid, in MODELS order for --all-models."""
+    if args.gpu_check:
+        return [gpu_check_point(m) for m in (list(GPU_CHECK) if args.all_models else [args.model])]
     switches = ["none"] + ([s for s in SWITCHES] if args.switches == "all" else
                            [s for s in args.switches.split(",") if s])
     points = []
@@ -258,15 +378,86 @@ def table(points) -> str:
     return "\n".join(lines)
 
 
+def print_check_table(args) -> int:
+    """gpu_check.sh's table over --table's rows (the last row of each build) and --counts' plans and FLOPs: one line
+    per --expect build, in that order. Returns 1 when a build has no row (killed by its time-out or crashed before
+    writing one: gpu_check.sh adds a row saying which), an error, or |r - 1| above its tolerance; else 0."""
+    rows = {}
+    if os.path.isfile(args.table):
+        with open(args.table) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    rows[r["model"]] = r
+    counts = {}
+    if args.counts and os.path.isfile(args.counts):
+        with open(args.counts) as f:
+            counts = json.load(f)
+    expect = [m for m in args.expect.split(",") if m] or list(rows)
+    num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    lines = ["| build | B x steps | first sample s (load / move / embed / 1st step) | s/epoch | samples/s | "
+             "train steps/s | MFU sample / train | peak / plan GiB | worst \\|r-1\\| (tol) | sampler gap max / mean |",
+             "|---" * 10 + "|"]
+    bad = []
+    for m in expect:
+        r = rows.get(m)
+        if r is None or "error" in r:
+            why = "no row" if r is None else r["error"]
+            lines.append(f"| {m} | FAILED: {why} |" + " |" * 8)
+            bad.append(m)
+            continue
+        c = counts.get(m, {})
+        if "flops_fwd_row" in c and "flops_fwd_row" not in r:
+            r.update(c)
+            r.update(mfu(r, args.peak_tflops))
+        st = r.get("startup") or {}
+        first = (f"{num(st.get('total_s'), '.1f')} ({num(st.get('load_s'), '.1f')} / {num(st.get('move_s'), '.1f')}"
+                 f" / {num(st.get('embeddings_s'), '.1f')} / {num(st.get('first_step_s'), '.1f')})")
+        peak = None if r.get("peak_mem_mb") is None else r["peak_mem_mb"] / 1024
+        dev, tol = r.get("onpolicy_ratio_max_dev"), r.get("onpolicy_tol")
+        over = dev is not None and tol is not None and dev > tol
+        if over:
+            bad.append(m)
+        lines.append(
+            f"| {m} | {r['batch_size']} x {r['num_steps']} | {first} | {num(r.get('epoch_s'), '.1f')} | "
+            f"{num(r.get('samples_per_s'), '.2f')} | {num(r.get('train_steps_per_s'), '.1f')} | "
+            f"{num(r.get('mfu_sampling'), '.3f')} / {num(r.get('mfu_training'), '.3f')} | "
+            f"{num(peak, '.1f')} / {num(c.get('plan_gib'), '.1f')} | {num(dev, '.1e')} ({num(tol, '.0e')})"
+            f"{' OVER' if over else ''} | {num(r.get('sampler_gap_max'), '.1e')} / "
+            f"{num(r.get('sampler_gap_mean'), '.1e')} |")
+    any_row = next(iter(rows.values()), {})
+    print(f"{any_row.get('gpu') or 'cpu'}, torch {any_row.get('torch', '?')}, {any_row.get('date', '?')}")
+    print("\n".join(lines))
+    if bad:
+        print(f"gpu check: {len(bad)} of {len(expect)} builds failed or off-policy: {', '.join(bad)}")
+    return 1 if bad else 0
+
+
 def dry_run(args, points) -> None:
-    """The plan on one line; with --count-flops, one line per model of its denoiser's size and FLOPs per row."""
+    """The plan on one line; with --count-flops, one line per model of its denoiser's size and FLOPs per row. With
+    --gpu-check, one line per build of gpu_check_counts (memory plan, FLOPs per row), written to --counts-out."""
+    if args.gpu_check:
+        print(f"gpu check: {len(points)} builds, time-outs {sum(GPU_CHECK[p[0]][0] for p in points)} s in all: "
+              + ", ".join(f"{label(p, True)}/{GPU_CHECK[p[0]][2]} steps" for p in points), flush=True)
+        counts = {}
+        for p in points:
+            c = counts[p[0]] = gpu_check_counts(args, p[0])
+            print(f"{p[0]}: memory plan {c['plan_gib']:.2f} GiB (fits {GPU_CHECK_MEMORY_GIB:.0f}), gradient "
+                  f"checkpointing {'on' if c['gradient_checkpointing'] else 'off'}, denoiser "
+                  f"{c['denoiser_params'] / 1e9:.3f} B, {c['flops_fwd_row'] / 1e12:.3f} TFLOPs per forward row, "
+                  f"{c['flops_train_row'] / 1e12:.3f} per {p[3]} training row", flush=True)
+        if args.counts_out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.counts_out)), exist_ok=True)
+            with open(args.counts_out, "w") as f:
+                json.dump(counts, f, indent=1)
+        return
     res = args.resolution or named_config(MODELS[args.model]).pretrained.resolution or "native"
     where = "" if args.all_models else f" at {res} px"
     prefix = args.all_models or args.model != "sd15-random"
     print(f"plan: {len(points)} points on {args.device}{where}: " + ", ".join(label(p, prefix) for p in points))
     for model in dict.fromkeys(p[0] for p in points) if args.count_flops else ():
         _, B, cfg, mode, sw = next(p for p in points if p[0] == model)
-        f = count_flops(model, point_config(args, model, B, cfg, mode, SWITCHES.get(sw, {})))
+        f = count_flops(model, config_for(args, (model, B, cfg, mode, sw)))
         print(f"{model}: denoiser {f['denoiser_params'] / 1e9:.3f} B parameters, sample {tuple(f['sample_shape'])}, "
               f"condition {tuple(f['condition_shape'])}: {f['flops_fwd_row'] / 1e12:.3f} TFLOPs per forward row, "
               f"{f['flops_train_row'] / 1e12:.3f} per {mode} training row")
@@ -291,7 +482,16 @@ def parse(argv):
     ap.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
     ap.add_argument("--count-flops", action="store_true", help="with --dry-run: each model's FLOPs per row (meta)")
     ap.add_argument("--out", default="bench_results/gpu")
+    ap.add_argument("--gpu-check", action="store_true", help="scripts/gpu_check.sh's points (GPU_CHECK): with "
+                    "--model one build, with --all-models --dry-run all six validated and counted on meta")
+    ap.add_argument("--counts-out", default="", help="with --gpu-check --dry-run: write the plans and FLOPs here")
+    ap.add_argument("--list-gpu-check", action="store_true", help="print 'model time-out' per GPU_CHECK build")
+    ap.add_argument("--table", default="", help="print gpu_check.sh's table from this bench_gpu.jsonl and exit "
+                    "(1 when an --expect build has no row, an error or |r - 1| over its tolerance)")
+    ap.add_argument("--counts", default="", help="with --table: --counts-out's file (MFU, plan)")
+    ap.add_argument("--expect", default="", help="with --table: comma list of the builds that must have a row")
     args = ap.parse_args(argv)
+    args.count = not args.gpu_check
     if args.model not in MODELS:
         fail(f"--model {args.model!r}: choose one of {', '.join(MODELS)}")
     args.cfg = {"off": [False], "on": [True], "both": [False, True], None: None}[args.cfg]
@@ -308,6 +508,11 @@ def parse(argv):
 
 def main(argv=None) -> None:
     args = parse(argv)
+    if args.list_gpu_check:
+        print("\n".join(f"{m} {GPU_CHECK[m][0]}" for m in GPU_CHECK))
+        return
+    if args.table:
+        sys.exit(print_check_table(args))
     import torch
 
     from ddpo_grpo.models import GPU_ONLY
@@ -333,7 +538,7 @@ def main(argv=None) -> None:
     for point in points:  # every config checked before the first model is built
         model, B, cfg, mode, sw = point
         try:
-            validate_config(point_config(args, model, B, cfg, mode, SWITCHES.get(sw, {})), num_processes=1)
+            validate_config(config_for(args, point), num_processes=1)
         except ConfigError as e:
             fail(f"{'' if model == 'sd15-random' else model + ' '}B={B} cfg={cfg} {mode} {sw}: {e}")
     if args.dry_run:
@@ -341,9 +546,18 @@ def main(argv=None) -> None:
         return
     t0 = time.time()
     results = []
+    os.makedirs(args.out, exist_ok=True)
+    stamp = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None}
     for point in points:
         print(f"[{time.time() - t0:6.0f}s] {label(point, True)}", file=sys.stderr, flush=True)
         results.append(measure_point(args, *point))
+        # appended as soon as measured, one line per point: a run killed later (gpu_check.sh's time-outs) keeps it
+        with open(os.path.join(args.out, "bench_gpu.jsonl"), "a") as f:
+            f.write(json.dumps(dict(results[-1], **stamp)) + "\n")
+        print(f"[{time.time() - t0:6.0f}s] {label(point, True)}: "
+              + (results[-1]["error"] if "error" in results[-1] else f"{results[-1]['epoch_s']:.1f} s/epoch"),
+              file=sys.stderr, flush=True)
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv, "device": args.device,
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "torch": torch.__version__,
             "num_batches": args.num_batches, "peak_tflops": args.peak_tflops, "wall_s": time.time() - t0}
@@ -352,7 +566,8 @@ def main(argv=None) -> None:
         json.dump({"meta": meta, "points": results}, f, indent=1)
     with open(os.path.join(args.out, "bench_gpu.md"), "w") as f:
         f.write(f"{meta['gpu'] or 'cpu'}, torch {meta['torch']}, {meta['date']}\n\n{table(results)}\n")
-    print(table(results))
+    if not args.gpu_check:  # (gpu_check.sh prints its own table over every build's rows)
+        print(table(results))
     if any("error" in r for r in results):
         sys.exit(1)
 

@@ -191,3 +191,131 @@ def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
     assert row["mfu_sampling"] == pytest.approx(row["flops_fwd_row"] * 24 / (tr["samples"] / row["samples_per_s"])
                                                 / 989e12)
     assert bench_gpu.table([row]).splitlines()[2].startswith("| sd3-tiny-built | lora | 4 | on | none | native |")
+
+
+def test_a_built_model_point_reports_startup_and_onpolicy(monkeypatch):
+    """The fields gpu_check.sh's table reads, from the real trainer on the tiny SD3 (float32 on CPU): the start-up
+    phases (build_context's and the first denoiser call's), the worst |r - 1| of train_epoch's metrics within the
+    float32 tolerance, the sampler gap as train_epoch reports it (None where it does not), and MFU from counted FLOPs."""
+    import ddpo_grpo.models as models
+    from ddpo_grpo.core.loss import onpolicy_tolerance
+
+    bench_gpu = load_bench()
+    monkeypatch.setitem(models.BUILT, "sd3-tiny-built", "flow")
+    monkeypatch.setitem(models.BUILDERS, "sd3-tiny-built", "test_bench_gpu:build_sd3_tiny")
+    monkeypatch.setitem(bench_gpu.MODELS, "sd3-tiny-built", "sd3_tiny")
+    args = args_for(bench_gpu, model="sd3-tiny-built", num_steps=2, num_batches=1, out="unused")
+    args.dry_run = False
+    row = bench_gpu.measure_point(args, "sd3-tiny-built", 2, False, "lora", "none")
+    assert "error" not in row, row.get("error")
+    st = row["startup"]
+    assert {"load_s", "move_s", "embeddings_s", "first_step_s", "total_s"} <= set(st)
+    assert min(st["load_s"], st["move_s"], st["embeddings_s"], st["first_step_s"]) >= 0
+    # the four phases are disjoint parts of the whole (build_context's start to the first denoiser call's end)
+    assert st["total_s"] == pytest.approx(st["load_s"] + st["move_s"] + st["embeddings_s"] + st["first_step_s"],
+                                          abs=1e-3)
+    assert st["embedding_prompts"] >= 2  # the CFG negative "" and at least one of the batch's prompts
+    tol = onpolicy_tolerance(torch.float32, 1e-4)
+    assert row["onpolicy_tol"] == tol
+    assert row["onpolicy_ratio_max_dev"] is not None and 0 <= row["onpolicy_ratio_max_dev"] <= tol
+    epochs = row["trainer"]["metrics"]
+    assert len(epochs) == 2 and all("onpolicy_ratio_max_dev" in e for e in epochs)
+    assert row["onpolicy_ratio_max_dev"] == max(e["onpolicy_ratio_max_dev"] for e in epochs)
+    assert row["sampler_gap_max"] == max((e["sampler_gap_max"] for e in epochs if "sampler_gap_max" in e),
+                                         default=None)
+
+
+def test_points_are_appended_as_measured(tmp_path, monkeypatch):
+    """bench_gpu.jsonl gets each point's row as soon as it is measured: a run that dies on its second point (killed
+    by gpu_check.sh's time-out, here an exception) keeps the first row."""
+    bench_gpu = load_bench()
+    calls = []
+
+    def fake(args, model, B, cfg, mode, switch):
+        calls.append(B)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a SIGINT / a kill would: nothing after this point runs
+        return {"model": model, "batch_size": B, "cfg": cfg, "mode": mode, "switch": switch, "epoch_s": 1.5}
+
+    monkeypatch.setattr(bench_gpu, "measure_point", fake)
+    with pytest.raises(KeyboardInterrupt):
+        bench_gpu.main(["--allow-cpu", "--resolution", "64", "--batch-sizes", "2,4", "--cfg", "off", "--modes", "lora",
+                        "--out", str(tmp_path)])
+    lines = (tmp_path / "bench_gpu.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and calls == [2, 4]
+    row = __import__("json").loads(lines[0])
+    assert row["batch_size"] == 2 and row["epoch_s"] == 1.5 and "torch" in row and "date" in row
+
+
+def test_check_table_reads_rows_counts_and_fails_on_missing_error_or_off_policy(tmp_path, capsys):
+    """gpu_check.sh's table: one line per expected build; MFU and the plan from the counts file; '-' for a metric the
+    trainer did not report; exit 1 naming the builds with no row, an error row or |r - 1| over its tolerance."""
+    import json
+
+    bench_gpu = load_bench()
+    trainer = {"sampling_s": 2.0, "training_s": 4.0, "sampling_rows": 100, "train_rows": 50, "reference_rows": 0}
+    good = {"model": "sd15-random", "batch_size": 8, "num_steps": 10, "epoch_s": 6.0, "samples_per_s": 4.0,
+            "train_steps_per_s": 20.0, "peak_mem_mb": 9.5 * 1024, "onpolicy_ratio_max_dev": 0.0, "onpolicy_tol": 5e-5,
+            "sampler_gap_max": 1.5e-3, "startup": {"total_s": 12.0, "load_s": 3.0, "move_s": 1.0, "embeddings_s": 0.5,
+                                                   "first_step_s": 7.0}, "trainer": trainer,
+            "gpu": "H100", "torch": "2.11", "date": "2026-11-27"}
+    off = dict(good, model="sdxl-random", onpolicy_ratio_max_dev=1.4e-3)
+    rows = [good, off, {"model": "flux-dev-random", "error": "timed out after 105 s"}]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "c.json").write_text(json.dumps({"sd15-random": {"plan_gib": 9.2, "flops_fwd_row": 1e12,
+                                                                 "flops_train_row": 2e12}}))
+    args = bench_gpu.parse(["--table", str(tmp_path / "r.jsonl"), "--counts", str(tmp_path / "c.json"),
+                            "--expect", "sd15-random,sdxl-random,wan21-1.3b-random,flux-dev-random"])
+    assert bench_gpu.print_check_table(args) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "H100, torch 2.11, 2026-11-27"
+    sd15, sdxl, wan, flux = out[3:7]
+    # MFU: 1e12 x 100 rows / 2 s / 989e12 = 0.051 sampling; 2e12 x 50 / 4 s / 989e12 = 0.025 training
+    assert sd15 == ("| sd15-random | 8 x 10 | 12.0 (3.0 / 1.0 / 0.5 / 7.0) | 6.0 | 4.00 | 20.0 | 0.051 / 0.025 | "
+                    "9.5 / 9.2 | 0.0e+00 (5e-05) | 1.5e-03 / - |")
+    assert "1.4e-03 (5e-05) OVER" in sdxl and "- / -" in sdxl  # no counts for it: MFU and plan '-'
+    assert wan.startswith("| wan21-1.3b-random | FAILED: no row |")
+    assert flux.startswith("| flux-dev-random | FAILED: timed out after 105 s |")
+    assert out[-1] == ("gpu check: 3 of 4 builds failed or off-policy: sdxl-random, wan21-1.3b-random, "
+                       "flux-dev-random")
+    args = bench_gpu.parse(["--table", str(tmp_path / "r.jsonl"), "--expect", "sd15-random"])
+    assert bench_gpu.print_check_table(args) == 0
+
+
+def gpu_check(*args, out):
+    import subprocess
+
+    return subprocess.run(["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=dict(ENV, OUT=str(out), PYTHON=sys.executable))
+
+
+def test_gpu_check_refuses_in_one_line(tmp_path):
+    p = gpu_check("--fast", out=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip() == ("error: unknown argument '--fast'; usage: scripts/gpu_check.sh "
+                                                      "[--dry-run]")
+    p = gpu_check(out=tmp_path)  # CUDA hidden: the GPU run is refused before any model is built
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == "error: no CUDA device; on a CPU run scripts/gpu_check.sh --dry-run"
+    assert not (tmp_path / "bench_gpu.jsonl").exists()
+
+
+def test_gpu_check_dry_run_validates_all_six(tmp_path):
+    """scripts/gpu_check.sh --dry-run on a CPU: every build's gpu check config validated, its memory plan made (fits
+    80 GB, gradient checkpointing exactly where the plan needs it) and its denoiser counted on "meta" (the real
+    parameter counts), written to $OUT/counts.json. ~2-3 min on 2 cores: the meta builds of six pipelines."""
+    import json
+
+    bench_gpu = load_bench()
+    p = gpu_check("--dry-run", out=tmp_path)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    assert p.stdout.strip().splitlines()[-1] == "gpu check dry run: all six builds validated"
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    assert list(counts) == list(bench_gpu.GPU_CHECK) and set(counts) == set(bench_gpu.MODELS)
+    assert sum(t for t, *_ in bench_gpu.GPU_CHECK.values()) <= 450  # the 8 minutes, with the host's start-up
+    for model, c in counts.items():
+        assert 0 < c["plan_gib"] <= bench_gpu.GPU_CHECK_MEMORY_GIB
+        assert c["gradient_checkpointing"] == bench_gpu.GPU_CHECK[model][3]
+        assert c["flops_train_row"] > 2 * c["flops_fwd_row"] > 0
+        if model in REAL:
+            assert c["denoiser_params"] == REAL[model][0]
+        assert f"{model}: memory plan {c['plan_gib']:.2f} GiB (fits 80)" in p.stdout

@@ -68,6 +68,7 @@ class RunContext:
     cond_cache: Dict[int, torch.Tensor] = field(default_factory=dict)  # condition index -> its conditioning channels
     gold: Optional[Any] = None  # RewardComputer of reward.gold (hacking.py): scored and logged, never trained on
     stop: str = ""  # why the run stops early (train.hacking_guard = "stop"), or ""
+    startup: Dict[str, float] = field(default_factory=dict)  # start-up phase seconds (trainer/startup.py)
 
     COND_CACHE_SIZE = 64  # conditions kept (host memory): a real-size ReCamMaster condition is ~15 MB
 
@@ -325,6 +326,11 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from .embeddings import PromptEmbeddings, dataset_prompts
     from ddpo_grpo.models.recam import checkpoint_path as recam_checkpoint_path
 
+    import time
+
+    from .startup import watch_first_step
+
+    started = time.perf_counter()
     # Load dtype: the run's compute dtype; folders and built models alike load frozen encoders in it and the denoiser
     # in float32, or in it as a LoRA run's frozen base (models.base.component_dtype).
     dtype = run_dtype(accelerator.mixed_precision)
@@ -336,6 +342,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     if config.pretrained.get("offload", False):  # on the device only for their calls (core.offload)
         park([pipe.vae] + pipe.text_encoders())
     unet = pipe.unet
+    moving = time.perf_counter()
     optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules, pipe.adapter.full_trainable)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
     t = config.train
@@ -353,6 +360,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     if t.beta > 0:
         reference = EMAReference(accelerator.unwrap_model(unet), alpha=t.reference_model_mixup_alpha,
                                  update_freq=t.reference_update_freq, lora=config.use_lora or None)
+    move_s = time.perf_counter() - moving
     tc = config.tracker
     stat_tracker = PerPromptStatTracker(std_mode=tc.std_mode, buffer_size=tc.buffer_size or None, min_count=tc.min_count)
     executor = ThreadPoolExecutor(max(1, config.reward.num_threads))
@@ -385,6 +393,11 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
                                   lora=config.use_lora or None)
     for obj in (state, stat_tracker) + tuple(o for o in (reference, old_policy) if o is not None):
         accelerator.register_for_checkpointing(obj)
-    return RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
-                      sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy,
-                      tree, gold=build_gold(config))
+    ctx = RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
+                     sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy,
+                     tree, gold=build_gold(config))
+    ready = time.perf_counter()
+    ctx.startup = {"started_at": started, "ready_at": ready, "move_s": move_s, "ready_embeddings_s": encode.seconds,
+                   "load_s": ready - started - move_s - encode.seconds}  # load: the rest (model, data, rewards)
+    watch_first_step(ctx)  # prints the startup line after the denoiser's first call
+    return ctx

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
+
+from tqdm.auto import tqdm
 
 from ddpo_grpo.core.offload import park, visiting
 
@@ -50,6 +53,7 @@ class PromptEmbeddings:
     def __init__(self, pipe, device, host: bool = False):
         self.pipe, self.device, self.host = pipe, torch.device(device), bool(host)
         self.table: Dict[str, torch.Tensor] = {}
+        self.seconds = 0.0  # time spent encoding (the startup line: trainer/startup.py)
 
     def _one(self, prompt: str) -> torch.Tensor:
         e = self.pipe.encode([prompt])[0]
@@ -59,9 +63,11 @@ class PromptEmbeddings:
     def __call__(self, prompts: Sequence[str]) -> torch.Tensor:
         todo = [p for p in dict.fromkeys(prompts) if p not in self.table]
         if todo:  # parked encoders (pretrained.offload) visit once for the batch's new prompts, not once per prompt
+            start = time.perf_counter()
             with visiting(self.pipe.text_encoders(), next(self.pipe.unet.parameters()).device):
                 for p in todo:
                     self.table[p] = self._one(p)
+            self.seconds += time.perf_counter() - start
         return torch.stack([self.table[p] for p in prompts]).to(self.device)
 
     @torch.no_grad()
@@ -81,9 +87,12 @@ class PromptEmbeddings:
                     self.table.setdefault(p, t if self.host else t.to(self.device))
         todo = [p for p in prompts if p not in self.table]
         if todo:
+            start = time.perf_counter()
             with visiting(self.pipe.text_encoders(), next(self.pipe.unet.parameters()).device):
-                for p in todo:
+                # a bar: a large prompt set through a T5-XXL takes a while, and this is before any other output
+                for p in tqdm(todo, desc="caching prompt embeddings", leave=False, mininterval=2.0, disable=not write):
                     self.table[p] = self._one(p)
+            self.seconds += time.perf_counter() - start
             if path and write:
                 _write(path, {p: self.table[p].cpu() for p in prompts})
         park(self.pipe.text_encoders())  # training never runs them again; a prompt outside the set visits
