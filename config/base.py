@@ -29,6 +29,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.lora_rank = 8
     # Denoiser speed switches (scripts/bench_gpu.py measures each; none changes the math beyond rounding):
     config.unet_attention = "sdpa"  # "sdpa" (torch's fused scaled_dot_product_attention) | "math" (plain matmuls)
+    # Which SDPA kernels the run may use (core/attention.py; printed at start): "auto" = on CUDA flash, memory-efficient
+    # or math, never cuDNN attention (its sm90 backward under torch 2.11, where it became the default: NaN gradients,
+    # pytorch#196678, and FLUX's illegal memory access in training, issue 50); on CPU / NPU / MPS torch's own choice.
+    # "flash" | "efficient" | "cudnn" (CUDA only) | "math" force one kernel. unet_attention="math" bypasses SDPA in
+    # the denoiser altogether (diffusers' plain-matmul processors); attention_backend="math" keeps the SDPA calls on
+    # its matmul kernel: either way plain matmuls.
+    config.attention_backend = "auto"
     config.channels_last = False  # NHWC memory format for the UNet's convolutions (tensor cores prefer it)
     config.gradient_checkpointing = False  # recompute UNet activations in backward: less memory, more time
     # torch.compile of the UNet: "" = off, "default", "reduce-overhead" (CUDA graphs: for launch-bound small

@@ -214,6 +214,9 @@ def validate_config(config, num_processes: int) -> str:
 
     if config.unet_attention not in UNET_ATTENTION:
         raise ConfigError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
+    from ddpo_grpo.core.attention import check_attention_backend
+
+    check_attention_backend(config)  # attention_backend (core/attention.py)
     if config.compile_unet not in COMPILE_MODES:
         raise ConfigError(f"compile_unet={config.compile_unet!r}; choose one of {COMPILE_MODES} ('' = off)")
     if config.mixed_precision not in ("", "no", "fp16", "bf16"):
@@ -331,6 +334,13 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from .startup import watch_first_step
 
     started = time.perf_counter()
+    from ddpo_grpo.core.attention import apply_attention_backend
+
+    # before anything loads: a CUDA-only kernel asked for on another device is one line, and every SDPA call of the
+    # run (sampling, training, gradient checkpointing's recomputation) sees the choice (core/attention.py)
+    attention = apply_attention_backend(config.get("attention_backend", "auto"), accelerator.device)
+    if accelerator.is_main_process:
+        print(attention, flush=True)
     # Load dtype: the run's compute dtype; folders and built models alike load frozen encoders in it and the denoiser
     # in float32, or in it as a LoRA run's frozen base (models.base.component_dtype).
     dtype = run_dtype(accelerator.mixed_precision)
