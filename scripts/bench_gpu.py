@@ -19,7 +19,12 @@ samples/s (images, or clips for Wan), training sample-steps/s, peak GPU memory (
 denoiser FLOPs of the epoch's calls / s / --peak-tflops (989: H100 SXM dense bf16), the FLOPs per row counted on
 a meta-device build (count_flops: model FLOPs; text encoders, VAE and sampler arithmetic are time, not FLOPs).
 --switches: attention=math, channels_last, gradient checkpointing, train.timesteps_per_call=4 and torch.compile,
-one at a time. Output: a markdown table on stdout and <out>/bench_gpu.md, and <out>/bench_gpu.json.
+one at a time. Output: a markdown table on stdout and <out>/bench_gpu.md, and <out>/bench_gpu.json; and each point as
+soon as it is measured, one JSON line appended to <out>/bench_gpu.jsonl (with the start-up phases, the worst
+|r - 1| of train_epoch's metrics and its tolerance, the sampler gap), so that a run killed later keeps it.
+
+    python scripts/bench_gpu.py --gpu-check --all-models --dry-run   # scripts/gpu_check.sh's points (GPU_CHECK)
+    python scripts/bench_gpu.py --gpu-check --model flux-dev-random  # one of them (gpu_check.sh: one per process)
 """
 from __future__ import annotations
 
@@ -223,6 +228,15 @@ def count_flops(model: str, config, train: bool = True) -> dict:
     return out
 
 
+def _is_number(v) -> bool:
+    """A metric float() takes (Python or numpy scalars, one-element tensors), not a list or a string."""
+    try:
+        float(v)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return not isinstance(v, str)
+
+
 def trainer_epoch(config, device: str) -> dict:
     """One warm-up epoch and one timed epoch of the real trainer in this process: phase seconds, peak memory and the
     rows the denoiser ran (sampling: batches x steps x B, doubled by CFG; training: the call plan's sample-steps,
@@ -255,7 +269,7 @@ def trainer_epoch(config, device: str) -> dict:
             metrics = training.train_epoch(ctx, samples, adv, epoch) or {}
             _sync(device)
             t3 = time.perf_counter()
-            epochs.append({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+            epochs.append({k: float(v) for k, v in metrics.items() if _is_number(v)})
             out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0, "samples": int(len(samples.keys))}
         # the on-policy deviation and the sampler gap over both epochs (the warm-up's first calls count too); a key
         # train_epoch does not return (an older trainer) is None, printed "-"

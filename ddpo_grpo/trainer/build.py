@@ -75,8 +75,14 @@ class RunContext:
     def cond_channels(self, items) -> Optional[torch.Tensor]:
         """The items' conditioning channels (ModelAdapter.condition_channels: (B, C', ...) or None), computed once
         per condition index (a source clip is VAE-encoded once, not k times) and kept on the host."""
+        from tqdm.auto import tqdm
+
         adapter, device = self.pipe.adapter, self.accelerator.device
         have: Dict[int, torch.Tensor] = {}
+        new = {int(it["index"]) for it in items} - set(self.cond_cache)
+        # a bar for a video model's source clips: at real shape one VAE encode takes seconds, before the first step
+        bar = tqdm(total=len(new), desc="encoding source clips", leave=False, disable=not (
+            new and getattr(adapter, "video", False) and self.accelerator.is_local_main_process))
         for it in items:
             i = int(it["index"])
             if i in have:
@@ -84,11 +90,14 @@ class RunContext:
             if i not in self.cond_cache:
                 out = adapter.condition_channels(self.pipe, [it], device)
                 if out is None:
+                    bar.close()
                     return None
                 while len(self.cond_cache) >= self.COND_CACHE_SIZE:
                     self.cond_cache.pop(next(iter(self.cond_cache)))
                 self.cond_cache[i] = out[0].cpu()
+                bar.update()
             have[i] = self.cond_cache[i]
+        bar.close()
         return torch.stack([have[int(it["index"])] for it in items]).to(device)
 
     def sampling_policy(self):
