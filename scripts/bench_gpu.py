@@ -59,6 +59,7 @@ MAX_CPU_RESOLUTION = 128  # CPU runs are smoke tests: SD at 512 px on a CPU take
 # checks each choice against the plan). recam: 33 frames instead of its config's 81 (the 81-frame source + target
 # clip is ~38 k tokens a row: one training step-sample alone is tens of seconds); 33 is Wan's config's count.
 GPU_CHECK_MEMORY_GIB = 80.0
+GPU_CHECK_CONDITIONS = 8  # training conditions (prompts) of a gpu check run: gpu_check_config says why
 GPU_CHECK = {
     "sd15-random": (40, 8, 10, False, {}),
     "sd35-medium-random": (65, 8, 6, False, {}),
@@ -132,8 +133,13 @@ def gpu_check_config(args, model: str, ckpt=None):
     named = named_config(MODELS[model])
     cfg = float(named.sample.guidance_scale) != 1.0
     mode = "lora" if named.use_lora else "full"
-    over = {"sample.num_steps": steps, "sample.num_batches_per_epoch": 1,
-            "gradient_checkpointing": ckpt_default if ckpt is None else ckpt, "train.onpolicy_check": "warn", **extra}
+    # 8 training conditions, evaluated on themselves (eval_freq is 0 anyway): with data.cache_embeddings the whole
+    # prompt set is encoded before the first step, one prompt per call (embeddings.py: bit-identical to an uncached
+    # run), and the toy world's 2281 prompts through a T5-XXL / UMT5-XXL take minutes at real shape (issue 50's
+    # silent Wan / SD3.5 start). The per-step cost does not depend on how many prompts there are.
+    over = {"sample.num_steps": steps, "sample.num_batches_per_epoch": 1, "data.num_conditions": GPU_CHECK_CONDITIONS,
+            "eval.split": "train", "gradient_checkpointing": ckpt_default if ckpt is None else ckpt,
+            "train.onpolicy_check": "warn", **extra}
     c = point_config(args, model, B, cfg, mode, over)
     c.mixed_precision = "bf16"
     return c

@@ -319,3 +319,48 @@ def test_gpu_check_dry_run_validates_all_six(tmp_path):
         if model in REAL:
             assert c["denoiser_params"] == REAL[model][0]
         assert f"{model}: memory plan {c['plan_gib']:.2f} GiB (fits 80)" in p.stdout
+
+
+STUB = r"""#!/usr/bin/env bash
+# A stand-in for the GPU host's python3, for gpu_check.sh's control flow: CUDA "available", three builds (one
+# finishes, one hangs past its 1 s time-out, one crashes without a row); the table is the real script's.
+case "$*" in
+    *--list-gpu-check*) printf 'sd15-random 20\nsdxl-random 1\nflux-dev-random 20\n' ;;
+    *--table*) exec "$REAL_PYTHON" "$@" ;;
+    *--dry-run*) sleep 0.2; echo '{"sd15-random": {"plan_gib": 9.2}}' > "${@: -1}" ;;
+    *"--model sd15-random"*) echo "measuring"; cat "$GOOD_ROW" >> "$OUT/bench_gpu.jsonl" ;;
+    *"--model sdxl-random"*) exec sleep 30 ;;
+    *"--model flux-dev-random"*) echo 'RuntimeError: CUDA error: an "illegal" memory access' >&2; exit 1 ;;
+    *) echo "stub: $*" ;;  # the preflight imports, the versions line, the CUDA check: all fine
+esac
+"""
+
+
+def test_gpu_check_runs_each_build_under_its_time_out_and_names_what_failed(tmp_path):
+    """gpu_check.sh's GPU path with a stub python: a build that hangs is killed at its own time-out and the next one
+    still runs; a build that crashes without a row gets one naming its last line; the table lists all three in
+    order and the script exits 1."""
+    import json
+
+    row = {"model": "sd15-random", "batch_size": 8, "num_steps": 10, "epoch_s": 6.0, "samples_per_s": 4.0,
+           "train_steps_per_s": 20.0, "peak_mem_mb": 9.5 * 1024, "onpolicy_ratio_max_dev": 0.0, "onpolicy_tol": 5e-5,
+           "startup": {"total_s": 12.0}, "trainer": {}, "gpu": "stub GPU", "torch": "2.11", "date": "today"}
+    (tmp_path / "row.json").write_text(json.dumps(row) + "\n")
+    stub = tmp_path / "python3"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    out = tmp_path / "out"
+    import subprocess
+
+    p = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=dict(ENV, OUT=str(out), PYTHON=str(stub), REAL_PYTHON=sys.executable,
+                                GOOD_ROW=str(tmp_path / "row.json")))
+    assert p.returncode == 1, (p.stdout[-3000:], p.stderr[-3000:])
+    table = (out / "gpu_check.md").read_text().splitlines()
+    assert table[0] == "stub GPU, torch 2.11, today"
+    assert table[3].startswith("| sd15-random | 8 x 10 | 12.0 (- / - / - / -) | 6.0 | 4.00 | 20.0 | - / - | 9.5 / 9.2 |")
+    assert table[4].startswith("| sdxl-random | FAILED: timed out after 1 s |")
+    assert table[5].startswith("| flux-dev-random | FAILED: exit 1: RuntimeError: CUDA error: an illegal memory access |")
+    assert table[6] == "gpu check: 2 of 3 builds failed or off-policy: sdxl-random, flux-dev-random"
+    assert (out / "sd15-random.log").read_text() == "measuring\n"  # each build's output in its own log
+    assert "[0 s] sd15-random: starting, time-out 20 s" in p.stdout
