@@ -196,7 +196,7 @@ def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
 def test_a_built_model_point_reports_startup_and_onpolicy(monkeypatch):
     """The fields gpu_check.sh's table reads, from the real trainer on the tiny SD3 (float32 on CPU): the start-up
     phases (build_context's and the first denoiser call's), the worst |r - 1| of train_epoch's metrics within the
-    float32 tolerance, the sampler gap as train_epoch reports it (None where it does not), and MFU from counted FLOPs."""
+    float32 tolerance, and the sampler gap as train_epoch reports it (None where it does not)."""
     import ddpo_grpo.models as models
     from ddpo_grpo.core.loss import onpolicy_tolerance
 
@@ -358,9 +358,11 @@ def test_gpu_check_runs_each_build_under_its_time_out_and_names_what_failed(tmp_
     assert p.returncode == 1, (p.stdout[-3000:], p.stderr[-3000:])
     table = (out / "gpu_check.md").read_text().splitlines()
     assert table[0] == "stub GPU, torch 2.11, today"
-    assert table[3].startswith("| sd15-random | 8 x 10 | 12.0 (- / - / - / -) | 6.0 | 4.00 | 20.0 | - / - | 9.5 / 9.2 |")
+    assert table[3].startswith("| sd15-random | 8 x 10 | 12.0 (- / - / - / -) | 6.0 | 4.00 | 20.0 | - / - | "
+                               "9.5 / 9.2 |")
     assert table[4].startswith("| sdxl-random | FAILED: timed out after 1 s |")
-    assert table[5].startswith("| flux-dev-random | FAILED: exit 1: RuntimeError: CUDA error: an illegal memory access |")
+    assert table[5].startswith("| flux-dev-random | FAILED: exit 1: RuntimeError: CUDA error: an illegal memory "
+                               "access |")
     assert table[6] == "gpu check: 2 of 3 builds failed or off-policy: sdxl-random, flux-dev-random"
     assert (out / "sd15-random.log").read_text() == "measuring\n"  # each build's output in its own log
     assert "[0 s] sd15-random: starting, time-out 20 s" in p.stdout
