@@ -57,7 +57,10 @@ MAX_CPU_RESOLUTION = 128  # CPU runs are smoke tests: SD at 512 px on a CPU take
 # batches cut to fit the time: model -> (time-out s, sampling B, steps, gradient checkpointing, other overrides).
 # Gradient checkpointing is on where the memory plan says the point does not fit 80 GB without it (the dry run
 # checks each choice against the plan). recam: 33 frames instead of its config's 81 (the 81-frame source + target
-# clip is ~38 k tokens a row: one training step-sample alone is tens of seconds); 33 is Wan's config's count.
+# clip is ~38 k tokens a row: one training step-sample alone is tens of seconds); 33 is Wan's config's count. And
+# recam's rewards are jpeg_compressibility, the other five's: its config's unifiedscore asks a reward server
+# (127.0.0.1:30000) that a GPU check host does not run, and cam_score is an entry-point plugin, which a checkout on
+# PYTHONPATH without `pip install` does not register. The reward runs beside the denoiser (a thread pool) either way.
 GPU_CHECK_MEMORY_GIB = 80.0
 GPU_CHECK_CONDITIONS = 8  # training conditions (prompts) of a gpu check run: gpu_check_config says why
 GPU_CHECK = {
@@ -65,7 +68,8 @@ GPU_CHECK = {
     "sd35-medium-random": (65, 8, 6, False, {}),
     "sdxl-random": (70, 4, 8, False, {}),
     "wan21-1.3b-random": (80, 2, 4, True, {}),
-    "recam-1.3b-random": (90, 2, 2, True, {"pretrained.num_frames": 33}),
+    "recam-1.3b-random": (90, 2, 2, True, {"pretrained.num_frames": 33, "reward.fns": {"jpeg_compressibility": 1.0},
+                                           "reward.kwargs": {}}),
     "flux-dev-random": (105, 8, 6, False, {}),
 }
 
