@@ -136,6 +136,16 @@ def get_config() -> ml_collections.ConfigDict:
     # "stop": one line naming the step, the sample and the likely causes, exit 2; "warn": that line, and train on;
     # "off". A mismatch (CFG, dtype, scheduler settings, condition) otherwise trains silently on the wrong ratio.
     config.train.onpolicy_check = "stop"
+    # Where the ratio's old log-probs come from (trainer/rescoring.py). "rescore": before the epoch's first update, a
+    # no-grad pass through exactly the training calls (each inner epoch's call plan and row grouping, CFG, autocast)
+    # scores them, so the ratio is 1 by construction; costs one forward per trained step. "sampling": the sampler's,
+    # as DDPO does: on a GPU/NPU in bf16 the kernels chosen per batch shape make them differ by ~1e-3, ten times the
+    # clip range. "auto": rescore in reduced precision (bf16, fp16, TF32, HF32) or on an accelerator, sampling in
+    # float32 on a CPU. The sampler-vs-trainer gap is logged either way it is known (train/sampler_gap_max, _mean).
+    config.train.old_logprobs = "auto"
+    # > 0 (needs the re-scored log-probs): weigh each transition's policy term by the truncated importance weight
+    # min(pi_trainer / pi_sampler, C) of the transition the sampler drew (rollout correction); 0 = off.
+    config.train.sampler_is_cap = 0.0
     config.train.adv_clip_max = 5.0
     config.train.clip_range = 1e-4  # PPO ratio clip (small: logprobs are averaged over dimensions)
     config.train.clip_range_high = -1.0  # < 0: same as clip_range

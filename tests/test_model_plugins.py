@@ -13,6 +13,7 @@ import torch
 from helpers import ROOT, cpu_env, run_side_by_side
 from safetensors.torch import load_file
 
+from ddpo_grpo.core.loss import ONPOLICY_TOL_EXACT
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.models import model_adapter, resolve_model_path
 from ddpo_grpo.models.base import adapter_for, register
@@ -162,7 +163,8 @@ def test_plugin_trains_on_policy_and_exports_and_a_broken_one_is_one_line(plugin
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     run = tmp_path / "mine"
     (h,) = json.load(open(run / "summary.json"))["history"]
-    assert h["train"]["onpolicy_ratio_max_dev"] == 0.0 and h["train"]["grad_norm"] > 0  # on-policy, and it trained
+    # on-policy within float32's stated tolerance (the sampler's log-probs, rows in other calls), and it trained
+    assert h["train"]["onpolicy_ratio_max_dev"] < ONPOLICY_TOL_EXACT and h["train"]["grad_norm"] > 0
     export = run / "export"
     assert sorted(os.listdir(export)) == ["export.json", "my_t2i.json", "scheduler", "text_encoder", "tokenizer", "unet"]
     assert json.load(open(export / "export.json"))["my_adapter"] == "my_t2i"  # the plugin's export_settings

@@ -232,6 +232,9 @@ def validate_config(config, num_processes: int) -> str:
     from .verification import check_onpolicy_config
 
     check_onpolicy_config(config)  # train.onpolicy_check
+    from .rescoring import check_old_logprobs_config
+
+    check_old_logprobs_config(config)  # train.old_logprobs, train.sampler_is_cap
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
     tree = branch_spec(config, family, scheduler)  # a tree that cannot be sampled or trained is one line here
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
