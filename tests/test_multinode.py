@@ -36,6 +36,9 @@ SMALL = ["--config", "config/grpo.py:tiny", f"--config.num_epochs={EPOCHS}", "--
          "--config.train.lr_warmup_steps=5", f"--config.collective_timeout_s={TIMEOUT_S}"]
 
 
+OTHER_ZONE = "XYZ-05"  # POSIX TZ: local time 5 h ahead of UTC (no tz database needed)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,8 +92,11 @@ def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1, fsdp=Fa
     try:
         for rank in (0, 1):
             cmd = machine_cmd(rank, port, per_machine, fsdp) + [f"--config.logdir={logdirs[rank]}", *extra[rank]]
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+            # Machine 1's clock reads another time zone (as two machines' can): without rank 0's broadcast of the
+            # run name, each would name its run folder by its own clock, and the two names would differ by hours.
+            env = cpu_env(PYTHONPATH=ROOT, **({"TZ": OTHER_ZONE} if rank == 1 else {}))
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
             time.sleep(1)
         after_kill = None
         if kill_when:
@@ -193,6 +199,20 @@ def assert_same_as_single(run_dirs, single, nproc=2, rounding_from=None):
             assert all(torch.equal(got[k], want[k]) for k in want)
         else:
             assert all(torch.allclose(got[k], want[k], rtol=0, atol=1e-6) for k in want)
+
+
+def test_run_name_is_rank_0s_whatever_each_machine_s_clock_says(tmp_path):
+    """A logdir per machine, machine 1's clock 5 h ahead: both run folders carry rank 0's name (<config>_<time>),
+    the one machine 0's clock gives. Fails if the name is taken from each machine's own clock (the broadcast in
+    trainer/run_identity.agree_run removed)."""
+    logdirs = [tmp_path / "m0", tmp_path / "m1"]
+    t0 = time.localtime()
+    outs, rcs, _ = two_machines(logdirs, extra=[["--config.num_epochs=1", "--config.save_freq=0"]] * 2)
+    assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    names = [os.path.basename(f) for d in logdirs for f in run_folders(d)]
+    assert len(names) == 2 and names[0] == names[1], names
+    hour = int(names[0].rsplit("_", 1)[1][:2])  # machine 0's clock: this process's zone, not machine 1's
+    assert hour in (t0.tm_hour, (t0.tm_hour + 1) % 24), (names, t0.tm_hour)
 
 
 def test_shared_logdir_one_run_exact_resume(tmp_path, single):
