@@ -28,6 +28,12 @@ def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
     return sum(p.reshape(-1)[0] * 0.0 for p in params)
 
 
+def probe_sizes(T_train: int) -> List[int]:
+    """The timesteps per call the auto probe tries, ascending: 1, 2, 4, 8 and T_train (all trained steps in one call:
+    the largest call, which the memory plan plans for), those <= T_train."""
+    return sorted({s for s in (1, 2, 4, 8, T_train) if s <= T_train})
+
+
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
     """`train.timesteps_per_call = 0` (auto): time one forward+backward of b x S rows for S = 1, 2, 4, 8 and T_train on this
     epoch's samples and keep the S with the lowest time per sample-step. Gradients are discarded."""
@@ -41,7 +47,7 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
     mask = torch.ones(N, dtype=torch.bool)
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     best, best_t = 1, float("inf")
-    for S in sorted({s for s in (1, 2, 4, 8, T_train) if s <= T_train}):  # T_train: all trained steps in one call
+    for S in probe_sizes(T_train):
         idx = torch.arange(b)
         cols = torch.stack([torch.arange(S) % T for _ in range(b)])
         times = []
