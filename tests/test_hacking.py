@@ -123,7 +123,8 @@ def _job(logdir, name, *extra):
 
 
 def _unet_weights(export) -> dict:
-    (path,) = [os.path.join(export, "unet", f) for f in os.listdir(os.path.join(export, "unet")) if f.endswith(".safetensors")]
+    folder = os.path.join(export, "unet")
+    (path,) = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors")]
     return load_file(path)
 
 
@@ -134,11 +135,13 @@ def _assert_best_gold_export_holds_its_epoch(run, summary):
     comparison can tell the epochs apart (a copy of the wrong epoch, or of none, fails)."""
     from ddpo_grpo.models import resolve_model_path
 
-    policies = {0: _unet_weights(resolve_model_path("tiny-t2i"))}  # the oracle of epoch 0: the files the run started from
+    # the oracle of epoch 0: the files the run started from
+    policies = {0: _unet_weights(resolve_model_path("tiny-t2i"))}
     policies.update({e: _unet_weights(run / "checkpoints" / f"checkpoint_{e:05d}" / "export")
                      for e in range(1, len(summary["evals"]))})
     exported, best = _unet_weights(run / "best_gold_export"), summary["best_gold"]["epoch"]
-    same = {e: w.keys() == exported.keys() and all(torch.equal(w[k], exported[k]) for k in w) for e, w in policies.items()}
+    same = {e: w.keys() == exported.keys() and all(torch.equal(w[k], exported[k]) for k in w)
+            for e, w in policies.items()}
     assert same == {e: e == best for e in policies}, (best, same)
 
 

@@ -1,6 +1,7 @@
 """ReCamMaster (models/recam.py): a checkpoint written here by the test's own code, under the original Wan key
-names, loads through diffusers' converter; every checkpoint (the input, the library's naming, the trained exports)
-loads with strict=True into a module of ReCamMaster's own key list, written from its published architecture; the camera block math against a direct re-implementation of the
+names, loads through diffusers' converter; every checkpoint (the input, the library's naming, the trained
+exports) loads with strict=True into a module of ReCamMaster's own key list, written from its published
+architecture; the camera block math against a direct re-implementation of the
 equations; CFG; bad checkpoints are one line; exports give back the input's keys; the render script agrees with an
 independent Euler loop."""
 import os
