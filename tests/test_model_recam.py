@@ -1,5 +1,7 @@
 """ReCamMaster (models/recam.py): a checkpoint written here by the test's own code, under the original Wan key
-names, loads through diffusers' converter; the camera block math against a direct re-implementation of the
+names, loads through diffusers' converter; every checkpoint (the input, the library's naming, the trained
+exports) loads with strict=True into a module of ReCamMaster's own key list, written from its published
+architecture; the camera block math against a direct re-implementation of the
 equations; CFG; bad checkpoints are one line; exports give back the input's keys; the render script agrees with an
 independent Euler loop."""
 import os
@@ -41,6 +43,72 @@ def own_original_name(key: str) -> str:
     if ".norm2." in key:
         return key.replace(".norm2.", ".norm3.")  # diffusers' norm2 is the cross-attention norm: Wan's norm3
     return key
+
+
+# ReCamMaster's own key list, the oracle for every checkpoint here (written without the library's map or the test's
+# _OWN above): a ReCamMaster checkpoint is `pipe.dit.state_dict()` (train_recammaster.py: torch.save of it; its
+# inference: `pipe.dit.load_state_dict(state_dict, strict=True)`), where dit is DiffSynth-Studio's Wan 2.1 T2V
+# `WanModel` (diffsynth/models/wan_video_dit.py, KwaiVGI/ReCamMaster at 39c0dc2) with two layers added to every
+# block: `cam_encoder = nn.Linear(12, dim)` and `projector = nn.Linear(dim, dim)`. WanModel's parameters, by its code:
+# patch_embedding (Conv3d in_dim -> dim, kernel = stride = patch), text_embedding / time_embedding (Sequential:
+# Linear, activation, Linear: indices 0 and 2), time_projection (Sequential: SiLU, Linear(dim, 6 dim): index 1),
+# blocks.N: modulation (1, 6, dim), self_attn and cross_attn (q, k, v, o Linear(dim, dim); norm_q, norm_k RMSNorm
+# with a weight only), norm1 / norm2 (LayerNorm without affine: no tensors), norm3 (LayerNorm with weight and bias),
+# ffn (Sequential: Linear(dim, ffn_dim), GELU, Linear(ffn_dim, dim)); head: modulation (1, 2, dim), norm (no affine),
+# head (Linear(dim, out_dim x prod(patch))). `freqs` is a plain attribute (no tensor in the state); img_emb only
+# with has_image_input (I2V, not ReCamMaster's T2V base).
+def recam_keys(dim, in_dim, ffn_dim, out_dim, text_dim, freq_dim, num_layers, patch=(1, 2, 2), cam_dim=12):
+    """{key: shape} of ReCamMaster's DiT state dict for a WanModel config."""
+    lin = lambda name, o, i: {f"{name}.weight": (o, i), f"{name}.bias": (o,)}  # noqa: E731
+    keys = {"patch_embedding.weight": (dim, in_dim, *patch), "patch_embedding.bias": (dim,),
+            **lin("text_embedding.0", dim, text_dim), **lin("text_embedding.2", dim, dim),
+            **lin("time_embedding.0", dim, freq_dim), **lin("time_embedding.2", dim, dim),
+            **lin("time_projection.1", 6 * dim, dim)}
+    for n in range(num_layers):
+        b = f"blocks.{n}"
+        keys[f"{b}.modulation"] = (1, 6, dim)
+        for attn in ("self_attn", "cross_attn"):
+            for proj in "qkvo":
+                keys.update(lin(f"{b}.{attn}.{proj}", dim, dim))
+            keys[f"{b}.{attn}.norm_q.weight"] = keys[f"{b}.{attn}.norm_k.weight"] = (dim,)
+        keys[f"{b}.norm3.weight"] = keys[f"{b}.norm3.bias"] = (dim,)
+        keys.update({**lin(f"{b}.ffn.0", ffn_dim, dim), **lin(f"{b}.ffn.2", dim, ffn_dim)})
+        keys.update({**lin(f"{b}.cam_encoder", dim, cam_dim), **lin(f"{b}.projector", dim, dim)})
+    keys.update({"head.modulation": (1, 2, dim), **lin("head.head", out_dim * int(np.prod(patch)), dim)})
+    return keys
+
+
+def recam_module(keys) -> torch.nn.Module:
+    """A torch module whose state dict is exactly `keys` (nested submodules by the dotted names, a parameter of each
+    shape at the leaves): what ReCamMaster's load_state_dict(strict=True) checks, names and shapes."""
+    root = torch.nn.Module()
+    for key, shape in keys.items():
+        *path, leaf = key.split(".")
+        m = root
+        for part in path:
+            if not hasattr(m, part):
+                m.add_module(part, torch.nn.Module())
+            m = getattr(m, part)
+        m.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
+    return root
+
+
+def wan_tiny_recam_keys(folder):
+    """recam_keys for the folder's transformer config (diffusers' config names -> WanModel's arguments)."""
+    import json
+
+    c = json.load(open(os.path.join(folder, "transformer", "config.json")))
+    return recam_keys(dim=c["num_attention_heads"] * c["attention_head_dim"], in_dim=c["in_channels"],
+                      ffn_dim=c["ffn_dim"], out_dim=c["out_channels"], text_dim=c["text_dim"], freq_dim=c["freq_dim"],
+                      num_layers=c["num_layers"], patch=tuple(c["patch_size"]))
+
+
+def load_as_recammaster(folder, state):
+    """ReCamMaster's inference step on `state`: load_state_dict(strict=True) into a module of its key list (raises on
+    a missing, unexpected or misshapen key); returns the module."""
+    module = recam_module(wan_tiny_recam_keys(folder))
+    module.load_state_dict(state, strict=True)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +203,24 @@ def test_checkpoint_keys_round_trip(pipe, ckpt):
     assert set(mine) == set(state)
     for k, v in state.items():  # every tensor of the file is the loaded model's
         assert torch.equal(mine[k], v), k
+
+
+def test_checkpoints_have_recammasters_own_keys(wan_folder, ckpt):
+    """The test's input checkpoint (written with _OWN), and the library's original_state of a model with camera layers
+    (how exports of a model loaded without a checkpoint and the bundled recam-tiny name their tensors), both load into
+    a module of ReCamMaster's own key list with strict=True."""
+    from diffusers import WanTransformer3DModel
+
+    from ddpo_grpo.models.recam import add_camera_layers, original_state
+
+    keys = wan_tiny_recam_keys(wan_folder)
+    # counted by hand: 12 tensors before the blocks, 31 in each block, 3 in the head
+    assert len(keys) == 12 + 2 * (1 + 2 * (4 * 2 + 2) + 2 + 4 + 4) + 3
+    load_as_recammaster(wan_folder, torch.load(ckpt, weights_only=True))
+    model = add_camera_layers(WanTransformer3DModel.from_pretrained(wan_folder, subfolder="transformer"))
+    mine = original_state(model)  # names from the library's map alone (no input checkpoint's names to echo)
+    loaded = load_as_recammaster(wan_folder, mine).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in mine.items())
 
 
 def test_block_math_matches_equations(pipe):
@@ -346,7 +432,8 @@ def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
 
 
 # ------------------------------------------------------------------------------------------------ through the trainer
-RUN = ["--config.num_epochs=2", "--config.save_freq=0", "--config.eval_freq=0", "--config.logging.wandb=False",
+# save_freq=2: the end's training state (checkpoint_00002/model.safetensors), what the export is compared with
+RUN = ["--config.num_epochs=2", "--config.save_freq=2", "--config.eval_freq=0", "--config.logging.wandb=False",
        "--config.logging.tensorboard=False", f"--config.pretrained.resolution={SIZE}",
        f"--config.pretrained.num_frames={FRAMES}", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
        "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
@@ -372,7 +459,7 @@ def trained(wan_folder, ckpt, tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", list(RECAM_MODES))
-def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, mode, ckpt):
+def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, mode, ckpt, wan_folder):
     import json
 
     run = trained / mode
@@ -386,6 +473,7 @@ def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, m
     before = torch.load(ckpt, weights_only=True)
     after = torch.load(run / "export" / "recammaster.ckpt", weights_only=True)
     assert list(after) == list(before)  # the input's keys, in its order
+    load_as_recammaster(wan_folder, after)  # what ReCamMaster's inference does with it: strict, its own key list
     trained_keys = [k for k in before if "self_attn" in k or "cam_encoder" in k or "projector" in k]
     for k, v in before.items():
         assert after[k].shape == v.shape and after[k].dtype == v.dtype, k
@@ -401,22 +489,33 @@ def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, m
 
 @pytest.mark.timeout(600)
 def test_export_renders_what_the_trained_policy_samples(trained, wan_folder, ckpt, tmp_path):
-    """The full run's export, loaded back from recammaster.ckpt over the base folder, is the trained policy: its
-    render (scripts/recam_render.py) equals the independent Euler loop over the checkpoint's tensors."""
+    """The full run's export, loaded back from recammaster.ckpt over the base folder, is the trained policy: its weights
+    are the training state's (the run's checkpoint_00002/model.safetensors loaded as the trainer holds it), its
+    render (scripts/recam_render.py) is the trained policy's render and equals the independent Euler loop over the
+    checkpoint's tensors."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import recam_render
+    from helpers import policy_from_checkpoint
 
     from ddpo_grpo.models import load_pipeline
 
     ck = str(trained / "full" / "export" / "recammaster.ckpt")
     pipe = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ck)
-    state = torch.load(ck, weights_only=True)
-    from ddpo_grpo.models.recam import original_state
-
-    assert all(torch.equal(original_state(pipe.unet.model)[k], v) for k, v in state.items())
+    policy = policy_from_checkpoint(wan_folder, str(trained / "full" / "checkpoints" / "checkpoint_00002"), False,
+                                    resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ckpt)
+    # Weights: both in diffusers' names (the export's through diffusers' own converter at load), full fine-tuning in
+    # float32 end to end, so the export must be the trained tensors exactly; and training moved them.
+    exported, trained_w = pipe.unet.model.state_dict(), policy.unet.model.state_dict()
+    assert exported.keys() == trained_w.keys()
+    assert [k for k in exported if not torch.equal(exported[k], trained_w[k])] == []
+    start = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ckpt).unet.model.state_dict()
+    assert any(not torch.equal(start[k], trained_w[k]) for k in start)
     items, cond, x = _inputs(pipe, B=1, seed=9)
     frames = recam_render.render(pipe, items[0]["source_video"], items[0]["cameras"], "a red circle", steps=2,
                                  guidance=2.0, noise=x)
+    # the same weights through the same render call: the same arithmetic, so equal
+    assert torch.equal(recam_render.render(policy, items[0]["source_video"], items[0]["cameras"], "a red circle",
+                                           steps=2, guidance=2.0, noise=x), frames)
     want = independent_render(pipe, cond, items[0]["cameras"], x, 2, 2.0, "a red circle")
     assert frames.shape == (FRAMES, 3, SIZE, SIZE) and torch.allclose(frames, want, atol=1e-4)
     base = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES,
