@@ -253,3 +253,19 @@ def test_best_gold_export_holds_the_evaluated_weights_and_survives_a_crash_mid_w
     finally:
         ctx.rewards.executor.shutdown(wait=False)
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_kill_between_the_export_renames_is_restored(tmp_path):
+    """write_best_export moves the previous best aside (.old) before renaming the new one in: a kill between the two
+    renames leaves only .old, which the next write (or summary.json) puts back; a complete export is left alone."""
+    from ddpo_grpo.trainer.hacking import BEST_GOLD_EXPORT, restore_best_export
+
+    old = tmp_path / (BEST_GOLD_EXPORT + ".old")
+    old.mkdir()
+    (old / "export.json").write_text('{"epoch": 1}')
+    restore_best_export(str(tmp_path))
+    assert (tmp_path / BEST_GOLD_EXPORT / "export.json").read_text() == '{"epoch": 1}' and not old.exists()
+    old.mkdir()  # both present (the kill came after the second rename): the newer, in place, stays
+    (old / "export.json").write_text('{"epoch": 0}')
+    restore_best_export(str(tmp_path))
+    assert (tmp_path / BEST_GOLD_EXPORT / "export.json").read_text() == '{"epoch": 1}'
