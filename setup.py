@@ -18,7 +18,8 @@ setup(
     # Every range admits the CPU wheel torch==2.13.0, so pip never swaps in a multi-GB CUDA build.
     install_requires=[
         "torch>=2.1,<2.14",
-        "diffusers>=0.30",
+        # The versions tested (the camera hooks of models.recam, the Wan / SD3 / Flux classes): 0.42.x.
+        "diffusers>=0.42.1,<0.43",
         "accelerate>=0.30",
         "transformers>=4.40",
         "peft>=0.10",

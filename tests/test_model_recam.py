@@ -447,3 +447,29 @@ def test_gradient_checkpointing_gives_the_same_gradients(pipe):
     assert grads[0] and all(g.abs().sum() > 0 for g in grads[0].values())
     for n in grads[0]:
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
+
+
+@pytest.mark.parametrize("call", ["positional", "keyword"])
+def test_camera_hooks_take_attn1_input_however_it_is_called(pipe, call):
+    """diffusers releases differ in how WanTransformerBlock calls attn1 (positionally in 0.42, by keyword in
+    others): both give projector(self_attn(x + cam_encoder(cam))), written out with attn1's processor directly."""
+    model = pipe.unet.model
+    blk = model.blocks[0]
+    g = torch.Generator().manual_seed(5)
+    dim = blk.attn1.to_q.in_features
+    x = torch.randn(1, 2 * 2 * 2 * 2, dim, generator=g)  # 2F' = 4 frames of 2 x 2 tokens
+    cams = torch.randn(1, 2, 12, generator=g)
+    rope = model.rope(torch.zeros(1, 16, 4, 4, 4))  # 4 latent frames of 4 x 4 (patch 2: 2 x 2 tokens each)
+    from ddpo_grpo.models.recam import camera_tokens
+
+    blk._recam_tokens = camera_tokens(cams, 4)
+    with torch.no_grad():
+        if call == "positional":
+            got = blk.attn1(x, None, None, rope)
+        else:
+            got = blk.attn1(hidden_states=x, encoder_hidden_states=None, attention_mask=None, rotary_emb=rope)
+        want = blk.projector(blk.attn1.processor(blk.attn1, x + blk.cam_encoder(blk._recam_tokens), None, None, rope))
+        plain = blk.projector(blk.attn1.processor(blk.attn1, x, None, None, rope))
+    blk._recam_tokens = None
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    assert (got - plain).abs().max() > 1e-3  # the camera was added
