@@ -102,6 +102,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.sample.branch_steps = ()
     config.sample.branches = 2
     config.sample.guidance_scale = 1.0  # classifier-free guidance; 1.0 = off
+    config.sample.negative_prompt = ""  # the CFG negative prompt (recam: Wan's default negative prompt)
+    # Flow models: the sigma grid by name (core.families.FLOW_GRIDS: "scheduler" = the folder scheduler's own,
+    # "recammaster" = ReCamMaster's inference grid) and its shift (0 = the scheduler's own).
+    config.sample.flow_grid = "scheduler"
+    config.sample.flow_shift = 0.0
     config.sample.batch_size = 8  # per process, per sampling batch
     config.sample.num_batches_per_epoch = 4
     # GRPO group size: copies of each condition per epoch, spread over all processes and batches.

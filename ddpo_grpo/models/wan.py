@@ -35,6 +35,11 @@ from .base import LoadedPipeline, ModelAdapter, component_dtype, default_dtype, 
 COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
 MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default (encode_prompt's own is 226: not what the pipeline samples)
+# Wan 2.1's default negative prompt (its shared config's `sample_neg_prompt`), the one ReCamMaster's inference passes
+# (inference_recammaster.py, commit 39c0dc2): the recam configs' and scripts/recam_render.py's CFG negative.
+WAN_NEGATIVE_PROMPT = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，"
+                       "JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，"
+                       "手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
 
 
 @dataclass
