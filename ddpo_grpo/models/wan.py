@@ -145,14 +145,24 @@ class WanAdapter(ModelAdapter):
         return self.check_size(path, resolution, 0)
 
     def configure(self, pipe, config) -> None:
-        """pretrained.num_frames (0: keep the loaded count, 81 by default): the frames each sample has."""
-        frames = int(config.pretrained.get("num_frames", 0) or 0)
-        if frames:
-            temporal, spatial = _scales(pipe.vae.config)
-            why = check_size(0, frames, spatial, temporal)
+        """pretrained.num_frames (0: keep the loaded count, 81 by default): the frames each sample has;
+        pretrained.height / pretrained.width (0: keep pretrained.resolution's square, or 480 x 832): a non-square size."""
+        p = config.pretrained
+        self.set_size(pipe, int(p.get("height", 0) or 0), int(p.get("width", 0) or 0), int(p.get("num_frames", 0) or 0),
+                      what="pretrained.")
+
+    def set_size(self, pipe, height: int = 0, width: int = 0, num_frames: int = 0, what: str = "") -> None:
+        """Sample height x width px (any multiple of the VAE's factor times the patch, not only squares) and
+        num_frames (1 + 4k); 0 keeps the pipe's. One ConfigError line for a size the model cannot take."""
+        temporal, spatial = _scales(pipe.vae.config)
+        patch = tuple(pipe.unet.config.patch_size)
+        for name, v in (("height", height), ("width", width), ("num_frames", num_frames)):
+            why = check_size(v, 0, spatial, temporal, patch) if name != "num_frames" else check_size(0, v, spatial,
+                                                                                                     temporal, patch)
             if why:
-                raise ConfigError(f"pretrained.num_frames: {why}")
-            pipe.num_frames = frames
+                raise ConfigError(f"{what}{name}: {why.replace('resolution', name)}")
+        pipe.height, pipe.width = int(height or pipe.height), int(width or pipe.width)
+        pipe.num_frames = int(num_frames or pipe.num_frames)
 
     def pixel_size(self, pipe) -> tuple:
         return int(pipe.height), int(pipe.width)
