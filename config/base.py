@@ -56,6 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Video models (Wan): frames per sample, 1 + 4k (the VAE compresses time 4x); 0 = the model's default (81).
     # Image models ignore it.
     config.pretrained.num_frames = 0
+    # Video models (Wan, ReCamMaster): a non-square size in px; 0 = pretrained.resolution's square (or 480 x 832)
+    config.pretrained.height = 0
+    config.pretrained.width = 0
     # ReCamMaster (models/recam.py): its checkpoint (.ckpt / .pt / .safetensors, original Wan keys + camera layers)
     # over the Wan 2.1 folder in pretrained.model; a relative name is looked up inside that folder too. "" = none.
     config.pretrained.recam_checkpoint = ""
@@ -69,6 +72,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.name = "toyworld"  # "toyworld" | "prompt_file" | "recam"
     config.data.path = ""  # prompt file (one prompt per line) for "prompt_file"
+    # data.name "multicam": a MultiCamVideo folder (ReCamMaster's training data); "recam_folder": a user's sources
+    # (metadata.csv + videos/) x data.cameras (cam_types "1,2", "all", or a (21, 12) .npy / .json). docs/recam.md.
+    config.data.root = ""
+    config.data.eval_fraction = 0.1  # multicam: the share of scenes held out (a fixed draw)
+    config.data.max_bad_fraction = 0.1  # multicam: more missing / damaged files than this stops before training
+    config.data.cameras = "all"
     config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
     # toyworld task mix, for the training and the held-out conditions alike: "mixed" (single-object and
     # two-object conditions, half the sampling mass each), "single" or "pair" (only those).

@@ -77,13 +77,18 @@ def camera_poses(extrinsics: Dict, cam: int, frames: Sequence[int], where: str =
     return out
 
 
-def pair_numbers(extrinsics: Dict, source: int, target: int, num_latent: int = NUM_POSE_FRAMES,
+def pose_frames(num_latent: int = NUM_POSE_FRAMES, stride: int = 1) -> list:
+    """The video frames whose poses make the camera numbers: latent frame j <-> clip frame 4j <-> video frame 4j*stride
+    (ReCamMaster: stride 1, frames 0, 4, ..., 80)."""
+    return [LATENT_STRIDE * stride * j for j in range(num_latent)]
+
+
+def pair_numbers(extrinsics: Dict, source: int, target: int, num_latent: int = NUM_POSE_FRAMES, stride: int = 1,
                  where: str = "") -> np.ndarray:
-    """(F', 12) float64: target camera's poses at frames 0, 4, ..., relative to the source camera's frame 0 (training's
+    """(F', 12) float64: target camera's poses at `pose_frames`, relative to the source camera's frame 0 (training's
     reading); source == target gives the inference reading (relative to the trajectory's own frame 0)."""
-    frames = [LATENT_STRIDE * i for i in range(num_latent)]
     ref = camera_poses(extrinsics, source, [0], where)[0]
-    return relative_numbers(ref, camera_poses(extrinsics, target, frames, where))
+    return relative_numbers(ref, camera_poses(extrinsics, target, pose_frames(num_latent, stride), where))
 
 
 def _table() -> dict:
