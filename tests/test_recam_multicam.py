@@ -206,3 +206,37 @@ def test_user_folder_with_recammaster_trajectories(dataset, tmp_path):
     with pytest.raises(ConfigError, match="recam_folder: .*3.mp4: missing"):
         (tmp_path / "metadata.csv").write_text('file_name,text\n3.mp4,"x"\n')
         RecamFolder(str(tmp_path), "1", num_frames=9, height=32, width=48)
+
+
+@pytest.mark.timeout(600)
+def test_trains_recam_video_tiny_non_square_on_multicam(dataset, tmp_path):
+    """scripts/train.py on recam_video_tiny's model at 32 x 48 px with the MultiCamVideo folder (one damaged video: one
+    line naming it, its pairs left out); export.json records the size; a folder with too many bad files exits 2
+    before training with one line."""
+    import shutil
+
+    from helpers import cpu_env
+
+    root = tmp_path / "data"
+    shutil.copytree(dataset, root)
+    bad = root / "train" / "f18_aperture10" / "scene1" / "videos" / "cam03.mp4"
+    bad.write_bytes(b"broken" * 100)
+    args = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:recam_video_tiny",
+            "--config.data.name=multicam", f"--config.data.root={root}", "--config.data.eval_fraction=0.25",
+            "--config.pretrained.height=32", "--config.pretrained.width=48", "--config.num_epochs=1",
+            "--config.save_freq=0", "--config.eval_freq=0", "--config.logging.wandb=False",
+            "--config.logging.tensorboard=False", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1",
+            "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
+            "--config.sample.num_steps=2", "--config.reward.fns={'jpeg_compressibility': 1.0}",
+            f"--config.logdir={tmp_path / 'logs'}", "--config.run_name=mc"]
+    r = subprocess.run(args, cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    named = [line for line in (r.stdout + r.stderr).splitlines() if str(bad) in line]
+    assert len(named) >= 1 and all("damaged" in line for line in named)
+    exp = json.load(open(tmp_path / "logs" / "mc" / "export" / "export.json"))
+    assert (exp["height"], exp["width"], exp["num_frames"]) == (32, 48, 9)
+    r = subprocess.run(args + ["--config.data.max_bad_fraction=0.0"], cwd=ROOT, env=cpu_env(), capture_output=True,
+                       text=True)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    err = [line for line in r.stderr.splitlines() if "max_bad_fraction" in line]
+    assert len(err) == 1 and "cam03.mp4" in err[0]
