@@ -12,8 +12,9 @@ VAE AutoencoderKLWan (8x space, 4x time, per-channel latents_mean / latents_std)
   loaded as a FlowMatchEulerDiscreteScheduler with shift = flow_shift (models.base.load_scheduler), the flow family
   (Flow-GRPO's SDE / CPS). Exports carry that scheduler (a LoRA export too, in scheduler/), so
   WanPipeline.from_pretrained(export, scheduler=...) samples with it.
-- size: pretrained.resolution (square, a multiple of 16) and pretrained.num_frames (1 + 4k); 0 = WanPipeline's
-  defaults, 480x832 px and 81 frames.
+- size: pretrained.resolution (square, a multiple of 16), or pretrained.height / pretrained.width (any multiple of 16,
+  applied by `configure` / `set_size`), and pretrained.num_frames (1 + 4k); 0 = WanPipeline's defaults, 480x832 px
+  and 81 frames.
 
 `build_tiny(out_dir)`: the same classes at test size ("wan-tiny": 32x32 px, 5 frames, latents 16x2x4x4).
 `build_wan21_1_3b_random`: Wan 2.1 T2V 1.3B's shapes (and UMT5-XXL's) with random weights for GPU benchmarks,
