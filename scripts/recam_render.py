@@ -177,6 +177,13 @@ def main(argv=None) -> int:
         cameras = read_camera(args.camera, F)
         noise = torch.from_numpy(np.load(args.noise)).float() if args.noise else None
         try:
+            from ddpo_grpo.models import model_adapter, resolve_model_path
+
+            path = resolve_model_path(args.model)
+            for name, v in (("height", H), ("width", W)):  # from the folder's configs, before any weights load
+                why = model_adapter(path, args.checkpoint).check_size(path, v, F)
+                if why:
+                    raise ConfigError(f"--source {name} {v} / {F} frames: {why}")
             pipe = load_pipeline(args.model, torch_dtype=torch.float32, device=args.device, num_frames=F,
                                  recam_checkpoint=args.checkpoint)
         except ModelPathError as e:

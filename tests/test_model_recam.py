@@ -416,6 +416,12 @@ def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
     rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
                             "--camera", str(tmp_path / "none.npy"), "--prompt", "x", "--out", str(tmp_path / "o.npy")])
     assert rc == 2
+    np.save(tmp_path / "odd.npy", np.zeros((5, 3, 32, 44), dtype=np.float32))  # 44 px: not a multiple of 16
+    for extra in (["--source", str(tmp_path / "odd.npy"), "--camera", "1"],
+                  ["--source", str(tmp_path / "none.mp4"), "--camera", "1"],
+                  ["--source", str(tmp_path / "odd.npy"), "--camera", "11"]):
+        assert recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--prompt", "x", "--out",
+                                  str(tmp_path / "o.npy"), *extra]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ through the trainer
