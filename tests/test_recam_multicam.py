@@ -228,9 +228,11 @@ def test_trains_recam_video_tiny_non_square_on_multicam(dataset, tmp_path):
             "--config.logging.tensorboard=False", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1",
             "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
             "--config.sample.num_steps=2", "--config.reward.fns={'jpeg_compressibility': 1.0}",
+            "--config.sample.flow_grid=recammaster", "--config.sample.flow_shift=5.0",  # the trainer samples on it
             f"--config.logdir={tmp_path / 'logs'}", "--config.run_name=mc"]
     r = subprocess.run(args, cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "grid recammaster, shift 5" in r.stdout  # the run's scheduler note: the grid reached the sampler's scheduler
     named = [line for line in (r.stdout + r.stderr).splitlines() if str(bad) in line]
     assert len(named) >= 1 and all("damaged" in line for line in named)
     exp = json.load(open(tmp_path / "logs" / "mc" / "export" / "export.json"))
