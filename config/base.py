@@ -56,6 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Video models (Wan): frames per sample, 1 + 4k (the VAE compresses time 4x); 0 = the model's default (81).
     # Image models ignore it.
     config.pretrained.num_frames = 0
+    # Video models (Wan, ReCamMaster): a non-square size in px; 0 = pretrained.resolution's square (or 480 x 832)
+    config.pretrained.height = 0
+    config.pretrained.width = 0
     # ReCamMaster (models/recam.py): its checkpoint (.ckpt / .pt / .safetensors, original Wan keys + camera layers)
     # over the Wan 2.1 folder in pretrained.model; a relative name is looked up inside that folder too. "" = none.
     config.pretrained.recam_checkpoint = ""
@@ -69,6 +72,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.name = "toyworld"  # "toyworld" | "prompt_file" | "recam"
     config.data.path = ""  # prompt file (one prompt per line) for "prompt_file"
+    # data.name "multicam": a MultiCamVideo folder (ReCamMaster's training data); "recam_folder": a user's sources
+    # (metadata.csv + videos/) x data.cameras (cam_types "1,2", "all", or a (21, 12) .npy / .json). docs/recam.md.
+    config.data.root = ""
+    config.data.eval_fraction = 0.1  # multicam: the share of scenes held out (a fixed draw)
+    config.data.max_bad_fraction = 0.1  # multicam: more missing / damaged files than this stops before training
+    config.data.cameras = "all"
     config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
     # toyworld task mix, for the training and the held-out conditions alike: "mixed" (single-object and
     # two-object conditions, half the sampling mass each), "single" or "pair" (only those).
@@ -102,6 +111,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.sample.branch_steps = ()
     config.sample.branches = 2
     config.sample.guidance_scale = 1.0  # classifier-free guidance; 1.0 = off
+    config.sample.negative_prompt = ""  # the CFG negative prompt (recam: Wan's default negative prompt)
+    # Flow models: the sigma grid by name (core.families.FLOW_GRIDS: "scheduler" = the folder scheduler's own,
+    # "recammaster" = ReCamMaster's inference grid) and its shift (0 = the scheduler's own).
+    config.sample.flow_grid = "scheduler"
+    config.sample.flow_shift = 0.0
     config.sample.batch_size = 8  # per process, per sampling batch
     config.sample.num_batches_per_epoch = 4
     # GRPO group size: copies of each condition per epoch, spread over all processes and batches.

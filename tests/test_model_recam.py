@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ddpo_grpo.errors import ConfigError
 
@@ -382,23 +383,32 @@ def test_lora_merge_matches_peft(pipe, ckpt):
     assert changed >= 2 * 6  # every targeted linear of both blocks
 
 
-def independent_render(pipe, cond, cams, x, steps, guidance, prompt):
-    """The flow-matching Euler update over the folder's shifted sigmas, CFG v_neg + G (v_pos - v_neg) with the
-    equations' velocity, then the VAE decode: frames (F, 3, H, W)."""
+def independent_render(pipe, cond, cams, x, steps, guidance, prompt, sigmas=None, negative=""):
+    """The flow-matching Euler update over `sigmas` (default: the folder's shifted sigmas), CFG
+    v_neg + G (v_pos - v_neg) with the equations' velocity, then the VAE decode: frames (F, 3, H, W)."""
     from ddpo_grpo.core.pipeline_with_logprob import decode
 
     C = pipe.sample_shape[0]
-    sched = pipe.scheduler
-    sched.set_timesteps(steps)
-    sigmas = sched.sigmas.clone()
-    pos, neg = pipe.encode([prompt]), pipe.encode([""])
+    if sigmas is None:
+        sched = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        sched.set_timesteps(steps)
+        sigmas = sched.sigmas.tolist()
+    pos, neg = pipe.encode([prompt]), pipe.encode([negative])
     z = x.clone()
     with torch.no_grad():
-        for i, t in enumerate(sched.timesteps):
-            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), pos)
-            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), neg)
+        for i in range(steps):
+            t = torch.tensor([1000.0 * sigmas[i]])  # the model's timestep: 1000 sigma
+            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t, pos)
+            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t, neg)
             z = z + (sigmas[i + 1] - sigmas[i]) * (vn + guidance * (vp - vn))
         return decode(pipe.vae, z)[0]
+
+
+def recammaster_sigmas(steps, shift=5.0):
+    """ReCamMaster's inference grid as read from its scheduler (the test's own numpy): linspace(1, 0, N + 1) without
+    its last value, shift * s / (1 + (shift - 1) * s), then 0."""
+    s = np.linspace(1.0, 0.0, steps + 1)[:-1]
+    return [float(v) for v in shift * s / (1 + (shift - 1) * s)] + [0.0]
 
 
 def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_path):
@@ -413,12 +423,75 @@ def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_pa
     out = tmp_path / "clip.npy"
     rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
                             "--camera", str(tmp_path / "cam.npy"), "--prompt", "a red circle", "--steps", "4",
-                            "--guidance", "3", "--noise", str(tmp_path / "noise.npy"), "--out", str(out)])
+                            "--guidance", "3", "--noise", str(tmp_path / "noise.npy"), "--out", str(out),
+                            "--grid", "scheduler", "--shift", "0", "--negative-prompt", ""])
     assert rc == 0
     got = torch.from_numpy(np.load(out))
     want = independent_render(pipe, cond, cams, x, 4, 3.0, "a red circle")
     assert got.shape == (FRAMES, 3, SIZE, SIZE)
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def _write_mp4(path, frames_u8, fps=15):
+    """An mp4 written with PyAV directly (not the library's writer): (F, H, W, 3) uint8."""
+    import av
+
+    with av.open(str(path), "w") as c:
+        st = c.add_stream("libx264", rate=fps)
+        st.height, st.width, st.pix_fmt = frames_u8.shape[1], frames_u8.shape[2], "yuv420p"
+        for f in frames_u8:
+            for p in st.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(p)
+        for p in st.encode():
+            c.mux(p)
+
+
+def test_render_non_square_mp4_as_recammaster_infers(wan_folder, ckpt, tmp_path):
+    """An mp4 source of another size and more frames than needed: the first F frames, resized to cover 32 x 48 and
+    centre-cropped (the test's own PIL reading of ReCamMaster's transform), ReCamMaster's grid at shift 5 and Wan's
+    default negative prompt by default; the same render as an mp4 has the size and frame count asked for."""
+    import av
+    from PIL import Image
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import recam_render
+
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.wan import WAN_NEGATIVE_PROMPT
+
+    g = np.random.default_rng(0)
+    base = np.kron(g.integers(0, 256, (7, 5, 9, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)  # blocky: survives H.264
+    _write_mp4(tmp_path / "src.mp4", base)  # 7 frames of 40 x 72
+    with av.open(str(tmp_path / "src.mp4")) as c:
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])[:FRAMES]
+    H, W = 32, 48  # scale max(48/72, 32/40) = 0.8: 32 x 58 (57.6 rounds up), crop 5 px left
+    src = np.stack([np.asarray(Image.fromarray(f).resize((58, 32), Image.BILINEAR))[:, 5:53] for f in decoded])
+    src = torch.from_numpy(src.transpose(0, 3, 1, 2).astype(np.float32) / 255)
+    cams = torch.randn(2, 12, generator=torch.Generator().manual_seed(2))
+    np.save(tmp_path / "cam.npy", cams.numpy())
+    x = torch.randn(1, 16, 2, H // 8, W // 8, generator=torch.Generator().manual_seed(4))
+    np.save(tmp_path / "noise.npy", x.numpy())
+    common = ["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.mp4"), "--camera",
+              str(tmp_path / "cam.npy"), "--prompt", "a red circle", "--frames", str(FRAMES), "--height", str(H),
+              "--width", str(W), "--noise", str(tmp_path / "noise.npy"), "--steps", "3"]
+    assert recam_render.main(common + ["--out", str(tmp_path / "o.npy")]) == 0
+    got = torch.from_numpy(np.load(tmp_path / "o.npy"))
+    pipe = load_pipeline(wan_folder, num_frames=FRAMES, recam_checkpoint=ckpt)
+    pipe.height, pipe.width = H, W
+    cond = pipe.adapter.condition_channels(pipe, [{"index": 0, "source_video": src, "cameras": cams}], "cpu")
+    want = independent_render(pipe, cond, cams, x, 3, 5.0, "a red circle", recammaster_sigmas(3),
+                              WAN_NEGATIVE_PROMPT)
+    assert got.shape == (FRAMES, 3, H, W)
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    # the folder's grid and an empty negative prompt give another clip: the defaults are not the old ones
+    other = independent_render(pipe, cond, cams, x, 3, 5.0, "a red circle")
+    assert (other - want).abs().max() > 1e-3
+    assert recam_render.main(common + ["--out", str(tmp_path / "o.mp4")]) == 0
+    with av.open(str(tmp_path / "o.mp4")) as c:
+        back = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    assert back.shape == (FRAMES, H, W, 3)
+    # H.264 with 4:2:0 chroma on a random model's noisy frames: close, not equal (another clip differs by ~0.3)
+    assert np.abs(back / 255.0 - got.numpy().transpose(0, 2, 3, 1)).mean() < 0.08
 
 
 def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
@@ -429,6 +502,12 @@ def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
     rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
                             "--camera", str(tmp_path / "none.npy"), "--prompt", "x", "--out", str(tmp_path / "o.npy")])
     assert rc == 2
+    np.save(tmp_path / "odd.npy", np.zeros((5, 3, 32, 44), dtype=np.float32))  # 44 px: not a multiple of 16
+    for extra in (["--source", str(tmp_path / "odd.npy"), "--camera", "1"],
+                  ["--source", str(tmp_path / "none.mp4"), "--camera", "1"],
+                  ["--source", str(tmp_path / "odd.npy"), "--camera", "11"]):
+        assert recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--prompt", "x", "--out",
+                                  str(tmp_path / "o.npy"), *extra]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ through the trainer
@@ -511,17 +590,18 @@ def test_export_renders_what_the_trained_policy_samples(trained, wan_folder, ckp
     start = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ckpt).unet.model.state_dict()
     assert any(not torch.equal(start[k], trained_w[k]) for k in start)
     items, cond, x = _inputs(pipe, B=1, seed=9)
-    frames = recam_render.render(pipe, items[0]["source_video"], items[0]["cameras"], "a red circle", steps=2,
-                                 guidance=2.0, noise=x)
+    frames = recam_render.render(pipe, items[0]["source_video"], items[0]["cameras"], "a red circle", "", steps=2,
+                                 guidance=2.0, noise=x, grid="scheduler", shift=0.0)
     # the same weights through the same render call: the same arithmetic, so equal
-    assert torch.equal(recam_render.render(policy, items[0]["source_video"], items[0]["cameras"], "a red circle",
-                                           steps=2, guidance=2.0, noise=x), frames)
+    assert torch.equal(recam_render.render(policy, items[0]["source_video"], items[0]["cameras"], "a red circle", "",
+                                           steps=2, guidance=2.0, noise=x, grid="scheduler", shift=0.0), frames)
     want = independent_render(pipe, cond, items[0]["cameras"], x, 2, 2.0, "a red circle")
     assert frames.shape == (FRAMES, 3, SIZE, SIZE) and torch.allclose(frames, want, atol=1e-4)
     base = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES,
                          recam_checkpoint=ckpt)
     assert not torch.allclose(recam_render.render(base, items[0]["source_video"], items[0]["cameras"], "a red circle",
-                                                  steps=2, guidance=2.0, noise=x), frames, atol=1e-4)
+                                                  "", steps=2, guidance=2.0, noise=x, grid="scheduler", shift=0.0),
+                              frames, atol=1e-4)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(pipe):
@@ -546,3 +626,29 @@ def test_gradient_checkpointing_gives_the_same_gradients(pipe):
     assert grads[0] and all(g.abs().sum() > 0 for g in grads[0].values())
     for n in grads[0]:
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
+
+
+@pytest.mark.parametrize("call", ["positional", "keyword"])
+def test_camera_hooks_take_attn1_input_however_it_is_called(pipe, call):
+    """diffusers releases differ in how WanTransformerBlock calls attn1 (positionally in 0.42, by keyword in
+    others): both give projector(self_attn(x + cam_encoder(cam))), written out with attn1's processor directly."""
+    model = pipe.unet.model
+    blk = model.blocks[0]
+    g = torch.Generator().manual_seed(5)
+    dim = blk.attn1.to_q.in_features
+    x = torch.randn(1, 2 * 2 * 2 * 2, dim, generator=g)  # 2F' = 4 frames of 2 x 2 tokens
+    cams = torch.randn(1, 2, 12, generator=g)
+    rope = model.rope(torch.zeros(1, 16, 4, 4, 4))  # 4 latent frames of 4 x 4 (patch 2: 2 x 2 tokens each)
+    from ddpo_grpo.models.recam import camera_tokens
+
+    blk._recam_tokens = camera_tokens(cams, 4)
+    with torch.no_grad():
+        if call == "positional":
+            got = blk.attn1(x, None, None, rope)
+        else:
+            got = blk.attn1(hidden_states=x, encoder_hidden_states=None, attention_mask=None, rotary_emb=rope)
+        want = blk.projector(blk.attn1.processor(blk.attn1, x + blk.cam_encoder(blk._recam_tokens), None, None, rope))
+        plain = blk.projector(blk.attn1.processor(blk.attn1, x, None, None, rope))
+    blk._recam_tokens = None
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    assert (got - plain).abs().max() > 1e-3  # the camera was added
