@@ -13,12 +13,15 @@ setup(
     packages=find_packages(include=["ddpo_grpo", "ddpo_grpo.*"]) + ["ddpo_grpo.assets"],
     package_dir={"ddpo_grpo.assets": "assets"},
     package_data={"ddpo_grpo.assets": [f"{name}/{pattern}" for name in BUNDLED_MODELS
-                                       for pattern in ("*.json", "*/*.json", "*/*.safetensors", "*.ckpt")]},
+                                       for pattern in ("*.json", "*/*.json", "*/*.safetensors", "*.ckpt")],
+                  # ReCamMaster's ten inference trajectories, converted (MIT notice inside: worlds/recam/recammaster_cameras.py)
+                  "ddpo_grpo.worlds.recam": ["recammaster_trajectories.json"]},
     python_requires=">=3.10",
     # Every range admits the CPU wheel torch==2.13.0, so pip never swaps in a multi-GB CUDA build.
     install_requires=[
         "torch>=2.1,<2.14",
-        "diffusers>=0.30",
+        # The versions tested (the camera hooks of models.recam, the Wan / SD3 / Flux classes): 0.42.x.
+        "diffusers>=0.42.1,<0.43",
         "accelerate>=0.30",
         "transformers>=4.40",
         "peft>=0.10",
@@ -31,6 +34,8 @@ setup(
         "numpy>=1.24",
         "safetensors>=0.4",
         "matplotlib>=3.6",
+        # mp4 in / out for ReCamMaster data (worlds/recam/video_io.py: why PyAV); the version tested
+        "av>=18.1,<19",
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.0"],

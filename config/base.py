@@ -63,6 +63,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Video models (Wan): frames per sample, 1 + 4k (the VAE compresses time 4x); 0 = the model's default (81).
     # Image models ignore it.
     config.pretrained.num_frames = 0
+    # Video models (Wan, ReCamMaster): a non-square size in px; 0 = pretrained.resolution's square (or 480 x 832)
+    config.pretrained.height = 0
+    config.pretrained.width = 0
     # ReCamMaster (models/recam.py): its checkpoint (.ckpt / .pt / .safetensors, original Wan keys + camera layers)
     # over the Wan 2.1 folder in pretrained.model; a relative name is looked up inside that folder too. "" = none.
     config.pretrained.recam_checkpoint = ""
@@ -76,6 +79,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.name = "toyworld"  # "toyworld" | "prompt_file" | "recam"
     config.data.path = ""  # prompt file (one prompt per line) for "prompt_file"
+    # data.name "multicam": a MultiCamVideo folder (ReCamMaster's training data); "recam_folder": a user's sources
+    # (metadata.csv + videos/) x data.cameras (cam_types "1,2", "all", or a (21, 12) .npy / .json). docs/recam.md.
+    config.data.root = ""
+    config.data.eval_fraction = 0.1  # multicam: the share of scenes held out (a fixed draw)
+    config.data.max_bad_fraction = 0.1  # multicam: more missing / damaged files than this stops before training
+    config.data.cameras = "all"
     config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
     # toyworld task mix, for the training and the held-out conditions alike: "mixed" (single-object and
     # two-object conditions, half the sampling mass each), "single" or "pair" (only those).
@@ -109,6 +118,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.sample.branch_steps = ()
     config.sample.branches = 2
     config.sample.guidance_scale = 1.0  # classifier-free guidance; 1.0 = off
+    config.sample.negative_prompt = ""  # the CFG negative prompt (recam: Wan's default negative prompt)
+    # Flow models: the sigma grid by name (core.families.FLOW_GRIDS: "scheduler" = the folder scheduler's own,
+    # "recammaster" = ReCamMaster's inference grid) and its shift (0 = the scheduler's own).
+    config.sample.flow_grid = "scheduler"
+    config.sample.flow_shift = 0.0
     config.sample.batch_size = 8  # per process, per sampling batch
     config.sample.num_batches_per_epoch = 4
     # GRPO group size: copies of each condition per epoch, spread over all processes and batches.
@@ -143,6 +157,16 @@ def get_config() -> ml_collections.ConfigDict:
     # "stop": one line naming the step, the sample and the likely causes, exit 2; "warn": that line, and train on;
     # "off". A mismatch (CFG, dtype, scheduler settings, condition) otherwise trains silently on the wrong ratio.
     config.train.onpolicy_check = "stop"
+    # Where the ratio's old log-probs come from (trainer/rescoring.py). "rescore": before the epoch's first update, a
+    # no-grad pass through exactly the training calls (each inner epoch's call plan and row grouping, CFG, autocast)
+    # scores them, so the ratio is 1 by construction; costs one forward per trained step. "sampling": the sampler's,
+    # as DDPO does: on a GPU/NPU in bf16 the kernels chosen per batch shape make them differ by ~1e-3, ten times the
+    # clip range. "auto": rescore in reduced precision (bf16, fp16, TF32, HF32) or on an accelerator, sampling in
+    # float32 on a CPU. The sampler-vs-trainer gap is logged either way it is known (train/sampler_gap_max, _mean).
+    config.train.old_logprobs = "auto"
+    # > 0 (needs the re-scored log-probs): weigh each transition's policy term by the truncated importance weight
+    # min(pi_trainer / pi_sampler, C) of the transition the sampler drew (rollout correction); 0 = off.
+    config.train.sampler_is_cap = 0.0
     config.train.adv_clip_max = 5.0
     config.train.clip_range = 1e-4  # PPO ratio clip (small: logprobs are averaged over dimensions)
     config.train.clip_range_high = -1.0  # < 0: same as clip_range

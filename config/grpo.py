@@ -334,6 +334,12 @@ def recam():
     config.gradient_checkpointing = True
     config.use_lora = False
     config.sample.guidance_scale = 5.0  # ReCamMaster's CFG; both passes get the source and the camera
+    # ReCamMaster's inference: its flow grid at shift 5 and Wan's default negative prompt (docs/recam.md)
+    from ddpo_grpo.models.wan import WAN_NEGATIVE_PROMPT
+
+    config.sample.negative_prompt = WAN_NEGATIVE_PROMPT
+    config.sample.flow_grid = "recammaster"
+    config.sample.flow_shift = 5.0
     config.sample.noise_level = 0.7
     config.train.learning_rate = 1e-5
     config.data.cache_embeddings = True  # encoders off the device while training (config/base.py)
@@ -370,6 +376,8 @@ def recam_video_tiny():
     the clipped-ratio GRPO loss at the same budget did not raise held-out cam_score here (docs/recam.md)."""
     config = _recam_on_cpu(recam())
     config.pretrained.model = "tiny-recam-video"
+    # As measured (docs/recam.md): the bundled model's own scheduler grid, no CFG (so no negative prompt).
+    config.sample.flow_grid, config.sample.flow_shift, config.sample.negative_prompt = "scheduler", 0.0, ""
     config.pretrained.recam_checkpoint = "recammaster.ckpt"  # inside the model folder
     config.pretrained.resolution = 32
     config.pretrained.num_frames = 9

@@ -15,6 +15,7 @@ from helpers import cpu_env, ddim_scheduler, flow_scheduler, run_side_by_side, t
 from safetensors.torch import load_file
 
 from config import base
+from ddpo_grpo.core.loss import ONPOLICY_TOL_EXACT
 from ddpo_grpo.core.branching import BranchSpec, tree_advantages
 from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.pipeline_with_logprob import decode, pipeline_with_logprob
@@ -234,7 +235,7 @@ RUN = ["--config", "config/grpo.py:tiny", "--config.sample.num_steps=4", "--conf
        "--config.sample.branches=2", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=2",
        "--config.train.min_step_std=0", "--config.eval_freq=0", "--config.logging.image_freq=0",
        "--config.save_freq=1", "--config.logging.debug_dump=True", "--config.logging.wandb=False",
-       "--config.logging.tensorboard=False"]
+       "--config.logging.tensorboard=False", "--config.train.old_logprobs=rescore"]
 
 
 def _train(logdir, *extra):
@@ -254,11 +255,13 @@ def test_branched_run_checks_itself_and_resumes_exactly(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     history = json.load(open(tmp_path / "s" / "summary.json"))["history"]
     for h in history:
-        assert h["train"]["onpolicy_ratio_max_dev"] == 0.0  # ratio exactly 1 before the first step
+        # train.old_logprobs=rescore: the old log-probs are these very calls' before the update, so exactly 1
+        assert h["train"]["onpolicy_ratio_max_dev"] == 0.0 and h["train"]["old_logprobs_rescored"] == 1.0
+        assert h["train"]["sampler_gap_max"] < ONPOLICY_TOL_EXACT  # float32: the sampler's differ by rounding only
         # denoiser rows per leaf: a 4-leaf tree runs 2 rows at step 0 (the first split), 4 at steps 1-3: 14 / 4;
-        # training re-scores each transition once (2 + 4 owner cells per tree: 6 / 4), plus the policy-shift KL's
-        # forward on the first call's 4 rows (4 / 16)
-        assert h["nfe_per_sample"]["sampling"] == 14 / 4 and h["nfe_per_sample"]["training"] == 6 / 4 + 4 / 16
+        # training scores each transition twice, re-score and update (2 + 4 owner cells per tree: 2 x 6 / 4), plus
+        # the policy-shift KL's forward on the first call's 4 rows (4 / 16)
+        assert h["nfe_per_sample"]["sampling"] == 14 / 4 and h["nfe_per_sample"]["training"] == 2 * 6 / 4 + 4 / 16
     dumps = [json.load(open(tmp_path / "s" / "debug" / f"epoch_{e:04d}_rank_0.json")) for e in range(2)]
     assert dumps[0]["weights_sum"] != dumps[1]["weights_sum"]  # the weights moved, so the equality could fail
 

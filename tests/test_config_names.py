@@ -58,3 +58,18 @@ def test_named_config_loads_through_config_flags_and_validates(name):
         config.pretrained.model = USER_FOLDER[name]
         config.pretrained.resolution = 32 if config.pretrained.resolution else 0  # the tiny build's size
     assert validate_config(config, 1) == FAMILY[name]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY))
+def test_named_config_matches_its_golden_values(name):
+    """Every field of the named config against tests/golden/configs/NAME.json: a default changed in config/base.py or
+    in a named config (say, by a refactor) fails here, one line per field. A change that is meant: regenerate with
+    `python tests/golden/update.py` and name it in the commit."""
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
+    from golden_configs import differences, golden_path
+
+    assert os.path.isfile(golden_path(name)), f"no golden values for {name!r}: run python tests/golden/update.py"
+    diff = differences(name)
+    assert not diff, "\n".join(diff + ["(a change that is meant: python tests/golden/update.py)"])

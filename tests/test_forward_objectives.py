@@ -109,8 +109,13 @@ def test_trainer_runs_each_forward_objective(trainer_runs, objective):
     assert "GRPO check: 16 samples = 4 conditions x k=4 (exact)" in p.stdout
     assert "pass_at_2" in p.stdout and "epoch 0: reward" in p.stdout
     logdir = next(a for a in p.args if a.startswith("--config.logdir=")).split("=", 1)[1]
-    (h,) = json.load(open(os.path.join(logdir, "r", "summary.json")))["history"]
+    summary = json.load(open(os.path.join(logdir, "r", "summary.json")))
+    (h,) = summary["history"]
     assert h["train"]["loss"] > 0 and h["train"]["grad_norm"] > 0
+    # The no-gold control of test_hacking's best-by-gold export: evals (epochs 0 and 1) but no reward.gold, so no
+    # best by gold and no export of it (nothing to rank the evals by)
+    assert [e["epoch"] for e in summary["evals"]] == [0, 1] and summary["best_gold"] is None
+    assert not os.path.exists(os.path.join(logdir, "r", "best_gold_export"))
     if objective == "raft":  # best-of-N: exactly one chosen sample per group with any reward spread (the groups
         # whose advantages are not zeroed), read off the epoch's dump
         dump = json.load(open(os.path.join(logdir, "r", "debug", "epoch_0000_rank_0.json")))

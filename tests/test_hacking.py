@@ -122,10 +122,34 @@ def _job(logdir, name, *extra):
                       f"--config.run_name={name}", *extra], cwd=ROOT, env=cpu_env())
 
 
+def _unet_weights(export) -> dict:
+    folder = os.path.join(export, "unet")
+    (path,) = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors")]
+    return load_file(path)
+
+
+def _assert_best_gold_export_holds_its_epoch(run, summary):
+    """best_gold_export holds the weights eval measured at the best epoch e: the policy before epoch e's update, i.e.
+    the bundled start model for e = 0, else the policy checkpointed after epoch e - 1's update (checkpoint_0000e, whose
+    export/ the same write_export wrote: exact equality). And it differs from every other epoch's policy, so the
+    comparison can tell the epochs apart (a copy of the wrong epoch, or of none, fails)."""
+    from ddpo_grpo.models import resolve_model_path
+
+    # the oracle of epoch 0: the files the run started from
+    policies = {0: _unet_weights(resolve_model_path("tiny-t2i"))}
+    policies.update({e: _unet_weights(run / "checkpoints" / f"checkpoint_{e:05d}" / "export")
+                     for e in range(1, len(summary["evals"]))})
+    exported, best = _unet_weights(run / "best_gold_export"), summary["best_gold"]["epoch"]
+    same = {e: w.keys() == exported.keys() and all(torch.equal(w[k], exported[k]) for k in w)
+            for e, w in policies.items()}
+    assert same == {e: e == best for e in policies}, (best, same)
+
+
 @pytest.mark.timeout(600)
 def test_gold_never_touches_the_update_and_a_stop_alarm_survives_resume(tmp_path):
     a, b, c = run_side_by_side([
-        _job(tmp_path, "a", "--config.num_epochs=2", "--config.save_freq=2", "--config.reward.gold={'toyworld': 1.0}"),
+        # save_freq=1: a checkpoint (with its export/) of every epoch's policy, the oracle of the best-gold export
+        _job(tmp_path, "a", "--config.num_epochs=2", "--config.save_freq=1", "--config.reward.gold={'toyworld': 1.0}"),
         _job(tmp_path, "b", "--config.num_epochs=2", "--config.save_freq=2", "--config.reward.gold_train_samples=3",
              "--config.reward.gold={'jpeg_incompressibility': 0.5, 'toyworld': 2.0}", "--config.train.hacking_guard=off"),
         # Any drift at all raises the alarm: the run stops at epoch 1's eval with a checkpoint.
@@ -145,6 +169,7 @@ def test_gold_never_touches_the_update_and_a_stop_alarm_survives_resume(tmp_path
     assert "gold/jpeg_incompressibility" in sb["history"][0] and sa["gold_seconds_per_epoch"] > 0
     assert len(sa["evals"]) == 3 and sa["best_gold"]["gold"] == max(e["gold/avg"] for e in sa["evals"])
     assert os.path.isfile(os.path.join(sa["best_gold"]["export"], "export.json"))
+    _assert_best_gold_export_holds_its_epoch(tmp_path / "a", sa)
     assert " gold " in a.stdout + a.stderr
     sc = json.load(open(tmp_path / "c" / "summary.json"))
     assert sc["stopped"] == "hacking guard: drift at epoch 1" and sc["alarms"]
@@ -156,6 +181,91 @@ def test_gold_never_touches_the_update_and_a_stop_alarm_survives_resume(tmp_path
                                   f"--config.resume_from={tmp_path / 'c'}")])
     assert d.returncode == 0, d.stderr[-3000:]
     sd = json.load(open(tmp_path / "c" / "summary.json"))
-    assert sd["alarms"] == sc["alarms"] and sd["best_gold"]["epoch"] == sc["best_gold"]["epoch"] or \
-        sd["best_gold"]["gold"] > sc["best_gold"]["gold"]
+    # The best by gold survives the resume: the resumed run kept the stopped run's evals (epochs 0, 1), so its best is
+    # the maximum over all of them, at least the stopped run's best, and the export is there. (Was `A and B or C`,
+    # which passed whenever the resumed best had a higher gold, whatever became of the alarms or the saved best.)
     assert sd["alarms"] == sc["alarms"] and not sd["stopped"] and [e["epoch"] for e in sd["evals"]][:2] == [0, 1]
+    assert sd["evals"][:len(sc["evals"])] == sc["evals"]
+    assert sd["best_gold"] is not None and sd["best_gold"]["gold"] >= sc["best_gold"]["gold"]
+    best = max(sd["evals"], key=lambda e: e["gold/avg"])  # first of equals, as on_eval keeps only a strict gain
+    assert (sd["best_gold"]["epoch"], sd["best_gold"]["gold"]) == (best["epoch"], best["gold/avg"])
+    assert os.path.isfile(os.path.join(sd["best_gold"]["export"], "export.json"))
+
+
+def test_best_gold_export_holds_the_evaluated_weights_and_survives_a_crash_mid_write(tmp_path, monkeypatch):
+    """hacking.on_eval on the trainer's own context (tiny, full fine-tuning), evals with scripted gold between
+    simulated updates: the export holds the weights the best eval saw (the oracle: a copy of the policy taken just
+    before that eval), not the start's nor a later epoch's; no eval with lower gold replaces it; and a crash while the
+    next best is being written (fault injected into the export writer, after part of it is on disk) leaves the
+    previous export whole. In-process, so the best epoch is chosen by the test (the end-to-end run's is whichever
+    its gold says) and the crash is at a known point, not a timed kill."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    import ddpo_grpo.models.export as export_mod
+    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.trainer.hacking import BEST_GOLD_EXPORT, on_eval
+
+    config = _cfg(**{"reward.gold": {"toyworld": 1.0}, "train.hacking_guard": "off"})
+    config.logging.wandb = config.logging.tensorboard = False
+    config.mixed_precision = "no"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    ctx = build_context(config, Accelerator(cpu=True, mixed_precision="no"), str(tmp_path))
+    try:
+        unet = ctx.accelerator.unwrap_model(ctx.unet)
+        images, proxy = torch.rand(8, 3, 8, 8, generator=torch.Generator().manual_seed(0)), np.zeros(8)
+        seen = {}
+
+        def evaluate(epoch, gold):
+            ctx.state.epoch = epoch
+            seen[epoch] = {k: v.detach().clone() for k, v in unet.state_dict().items()}
+            on_eval(ctx, epoch, proxy, {"avg": np.full(8, gold), "toyworld": np.full(8, gold)}, images)
+            with torch.no_grad():  # this epoch's "update": every trained weight moves
+                for p in unet.parameters():
+                    if p.requires_grad:
+                        p.add_(1e-3 * (epoch + 1))
+
+        for epoch, gold in enumerate([0.2, 0.6, 0.4]):  # best at epoch 1; epoch 2 (lower) must not replace it
+            evaluate(epoch, gold)
+        out = tmp_path / BEST_GOLD_EXPORT
+        assert ctx.state.guard["best_gold"] == {"epoch": 1, "gold": 0.6, "export": str(out)}
+
+        def holds():
+            exported = _unet_weights(out)
+            return {e: exported.keys() == w.keys() and all(torch.equal(exported[k], w[k]) for k in w)
+                    for e, w in seen.items()}
+
+        assert holds() == {0: False, 1: True, 2: False}
+        assert json.load(open(out / "export.json"))["epoch"] == 1
+
+        real = export_mod._write_full
+
+        def crash_mid_write(pipe, unet_, state, out_dir):
+            real(pipe, unet_, state, out_dir)  # the weights are on disk, export.json is not yet
+            raise OSError("injected: crash while writing the export")
+
+        monkeypatch.setattr(export_mod, "_write_full", crash_mid_write)
+        with pytest.raises(OSError, match="injected"):
+            evaluate(3, 0.9)  # a new best, whose export dies half-written
+        assert [e["epoch"] for e in ctx.state.guard["evals"]] == [0, 1, 2]
+        assert ctx.state.guard["best_gold"]["epoch"] == 1
+        assert holds() == {0: False, 1: True, 2: False, 3: False} and (out / "export.json").is_file()
+    finally:
+        ctx.rewards.executor.shutdown(wait=False)
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_kill_between_the_export_renames_is_restored(tmp_path):
+    """write_best_export moves the previous best aside (.old) before renaming the new one in: a kill between the two
+    renames leaves only .old, which the next write (or summary.json) puts back; a complete export is left alone."""
+    from ddpo_grpo.trainer.hacking import BEST_GOLD_EXPORT, restore_best_export
+
+    old = tmp_path / (BEST_GOLD_EXPORT + ".old")
+    old.mkdir()
+    (old / "export.json").write_text('{"epoch": 1}')
+    restore_best_export(str(tmp_path))
+    assert (tmp_path / BEST_GOLD_EXPORT / "export.json").read_text() == '{"epoch": 1}' and not old.exists()
+    old.mkdir()  # both present (the kill came after the second rename): the newer, in place, stays
+    (old / "export.json").write_text('{"epoch": 0}')
+    restore_best_export(str(tmp_path))
+    assert (tmp_path / BEST_GOLD_EXPORT / "export.json").read_text() == '{"epoch": 1}'

@@ -34,11 +34,23 @@ def rows(c, s, e):
 
 # ------------------------------------------------------------------------------------------------ arithmetic
 def test_full_fine_tune_ddp_one_process_fp32_by_hand():
-    s = mp.Settings(precision="no", train_batch_size=2, rows_per_sample=2)
+    s = mp.Settings(precision="no", train_batch_size=2, train_cfg=2)
     got = rows(counts(), s, mp.Engine("ddp", 1))
     # frozen 0, trainable 1000 x 4, grads 4000, Adam 8000, ref 0, text encoder 400, vae 200, embeddings 3 x 7 x 4,
-    # activations 400 B per row x 2 rows per sample x 2 samples
+    # activations 400 B per row x 2 rows per sample (CFG) x 2 samples
     assert got == [0, 4000, 4000, 8000, 0, 400, 200, 84, 1600]
+
+
+def test_training_call_rows_and_the_largest_phase_by_hand():
+    """The training call's rows are b x S x 2 under CFG; only the largest phase (training call, sampling call, decode)
+    is added, the others shown at 0. Hand numbers: 400 B per row."""
+    c = counts(sampling_bytes=5000, decode_bytes=3000)
+    s = mp.Settings(precision="no", train_batch_size=8, steps_per_call=3, train_cfg=2, sample_rows=16)
+    labelled = mp.plan(c, s, mp.Engine())
+    assert labelled[-3] == ("activations 0.00 GiB/row x 48 rows (8 x 3 steps x 2 CFG)", 400 * 48)  # 19200 B
+    assert [b for _, b in labelled[-2:]] == [0.0, 0.0]  # sampling 5000 and decode 3000 are below 19200
+    small = mp.plan(c, mp.Settings(precision="no", train_batch_size=1, sample_rows=16), mp.Engine())
+    assert [b for _, b in small[-3:]] == [0.0, 5000.0, 0.0]  # 400 B of training: the sampling call is the peak
 
 
 def test_lora_bf16_fsdp2_over_4_by_hand():
@@ -137,6 +149,21 @@ def _heap():
     return used
 
 
+def _fresh_process(request) -> bool:
+    """True when the calling heap test should return: it has been run again alone in a fresh Python process (and
+    asserted there). glibc's heap is the whole process's: other tests' threads (reward pools, data loaders) and
+    their freed arenas would otherwise move it between the two readings."""
+    if os.environ.get("DDPO_HEAP_TEST_CHILD") == "1":
+        return False
+    env = dict(os.environ, DDPO_HEAP_TEST_CHILD="1", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", request.node.nodeid],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if out.returncode == 0 and " skipped" in out.stdout and " passed" not in out.stdout:
+        pytest.skip("glibc's mallinfo2 is not available here (fresh process)")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return True
+
+
 def mid_unet_config(latent: int, channels=(64, 128, 128, 128)) -> dict:
     """SD 1.5's UNet layout (sd15_random) at a CPU-friendly width: 12.8 M parameters."""
     from ddpo_grpo.models.sd15_random import sd15_unet_config
@@ -151,12 +178,14 @@ def _inputs(rows, latent, device):
 
 
 @pytest.mark.parametrize("channels,latent", [((32, 64, 64, 64), 8), ((64, 128, 128, 128), 16)])
-def test_activation_estimate_matches_the_memory_a_cpu_forward_keeps(channels, latent):
+def test_activation_estimate_matches_the_memory_a_cpu_forward_keeps(channels, latent, request):
     """Per row (the slope between 1 and 2 rows, which cancels fixed costs such as autograd's nodes): the bytes the
     meta-device count says against glibc's heap growth over a real float32 forward with grad, within 10 %. The
     checkpointed count's kept part (block inputs) likewise. Two sizes: 3.3 M and 12.8 M parameters."""
     from diffusers import UNet2DConditionModel
 
+    if _fresh_process(request):
+        return
     used = _heap()
     torch.manual_seed(0)
     unet = UNet2DConditionModel(**mid_unet_config(latent, channels)).requires_grad_(True)
@@ -195,13 +224,15 @@ def test_activation_estimate_matches_the_memory_a_cpu_forward_keeps(channels, la
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_static_part_matches_real_modules_bytes(lora):
+def test_static_part_matches_real_modules_bytes(lora, request):
     """The plan's parameters + gradients + AdamW state against glibc's heap growth over building the 12.8 M-parameter
     UNet, (LoRA: its base in bf16, the adapters cast to fp32 as the trainer holds them) a backward and an AdamW step,
     within 15 %."""
     from diffusers import UNet2DConditionModel
     from peft import LoraConfig
 
+    if _fresh_process(request):
+        return
     used = _heap()
     cfg = grpo.get_config("tiny")
     before = used()
@@ -266,7 +297,8 @@ def test_dry_run_prints_the_plan_for_the_launched_engine():
     assert "memory plan per device: FSDP2 full shard over 8 process(es), precision no" in lines
     total = next(ln for ln in lines if ln.startswith("total per device: "))
     cfg = grpo.get_config("tiny")
-    expected = mp.total(mp.plan(count_model(cfg), mp.settings_of(cfg, "no"), mp.Engine("fsdp2", 8))) / G
+    c = count_model(cfg)
+    expected = mp.total(mp.plan(c, mp.settings_of(cfg, "no", c.trained_steps), mp.Engine("fsdp2", 8))) / G
     assert total == f"total per device: {expected:.2f} GiB"
     verdict = lines[lines.index(total) + 1]
     assert verdict.startswith("does not fit 0.0 GiB per device; ")
@@ -308,6 +340,56 @@ def test_meta_counts_of_each_family_are_its_real_modules(name):
     assert got.text_encoders == (encoders or ({"text_encoder": numel(pipe.text_encoder)} if pipe.text_encoder else {}))
     assert got.sample_shape == tuple(pipe.sample_shape)
     assert (got.act_bytes_ckpt if cfg.gradient_checkpointing else got.act_bytes) > 0
+
+
+def test_settings_of_counts_the_runs_rows_and_copies():
+    """settings_of against hand numbers for sd15_random_bench (train batch 8, sample batch 8, guidance 5, 20 steps,
+    train.cfg on): 16 training rows with CFG, 8 without (train.cfg off, or guidance 1); timesteps_per_call = 0
+    plans the auto probe's largest call, every trained step (20; 10 at timestep_fraction 0.5); reference copies."""
+    cfg = grpo.get_config("sd15_random_bench")
+    s = mp.settings_of(cfg, "bf16", 20)
+    assert (s.train_batch_size, s.steps_per_call, s.train_cfg, s.train_rows, s.sample_rows) == (8, 1, 2, 16, 16)
+    cfg.train.cfg = False
+    assert mp.settings_of(cfg, "bf16", 20).train_rows == 8
+    cfg.train.cfg, cfg.sample.guidance_scale = True, 1.0
+    s = mp.settings_of(cfg, "bf16", 20)
+    assert (s.train_rows, s.sample_rows) == (8, 8)
+    cfg = grpo.get_config("sd15_random_bench")
+    cfg.train.timesteps_per_call = 0
+    assert mp.settings_of(cfg, "bf16", 20).train_rows == 8 * 20 * 2
+    cfg.train.timestep_fraction = 0.5
+    assert mp.settings_of(cfg, "bf16", 20).steps_per_call == 10
+    cfg.train.timesteps_per_call = 4
+    assert mp.settings_of(cfg, "bf16", 20).steps_per_call == 4
+    assert mp.settings_of(cfg, "bf16", 20).reference_copies == 0
+    cfg.train.beta = 0.01
+    assert mp.settings_of(cfg, "bf16", 20).reference_copies == 1
+
+
+def test_autocast_emulation_saves_what_autocast_saves_by_hand():
+    """conv -> group_norm -> silu -> conv on meta under emulated bf16 autocast: the first conv saves its input cast
+    to bf16 (2 B/elt), group_norm an fp32 copy of the bf16 conv output (4) plus its fp32 mean/rstd, silu its fp32 input
+    (4), the second conv its input cast back to bf16 (2). fp32: conv input, gn input, silu input, conv input (4 each)."""
+    from ddpo_grpo.trainer.meta_counts import activation_bytes
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(4, 8, 1)
+            self.n = torch.nn.GroupNorm(2, 8)
+            self.b = torch.nn.Conv2d(8, 8, 1)
+
+        def forward(self, x, t, encoder_hidden_states=None):
+            return self.b(torch.nn.functional.silu(self.n(self.a(x))))
+
+    with torch.device("meta"):
+        net = Net()
+    x = torch.zeros(1, 4, 16, 16, device="meta")
+    e = 16 * 16  # elements per channel
+    stats = 2 * 4 * 2  # group_norm's mean and rstd: (N, groups) fp32, 2 tensors
+    inputs = (x, torch.zeros(1, device="meta"), torch.zeros(1, 1, 1, device="meta"))
+    assert activation_bytes(net, inputs, False, "no") == 4 * e * 4 + 8 * e * 4 * 3 + stats
+    assert activation_bytes(net, inputs, False, "bf16") == 4 * e * 2 + 8 * e * (4 + 4 + 2) + stats
 
 
 def test_host_memory_of_the_switches_by_hand():

@@ -13,6 +13,7 @@ import torch
 from helpers import ROOT, cpu_env, run_side_by_side
 from safetensors.torch import load_file
 
+from ddpo_grpo.core.loss import ONPOLICY_TOL_EXACT
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.models import model_adapter, resolve_model_path
 from ddpo_grpo.models.base import adapter_for, register
@@ -22,15 +23,45 @@ OWN = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "St
        "FluxPipeline": "flux", "WanPipeline": "wan"}
 
 # The worked example of docs/models.md: a renamed pipeline class reusing Stable Diffusion's adapter, plus the export
-# hooks, whose output the tests read to know that this adapter (not ours) ran.
+# hooks, whose output the tests read to know that this adapter (not ours) ran. Its load and encode also leave a
+# trace of the training path itself (what the export hooks cannot show): `load` hooks the denoiser it returns and
+# counts its forward calls with and without autograd (sampling runs without, the update with), `encode` counts the
+# prompts it encoded; at exit the counts go to $MY_T2I_TRACE (when set).
 PLUGIN = textwrap.dedent('''
-    import json, os
+    import atexit, json, os
+
+    import torch
 
     from ddpo_grpo.models.sd import SDAdapter
+
+    TRACE = {"loads": 0, "prompts_encoded": 0, "denoiser_calls_no_grad": 0, "denoiser_calls_grad": 0}
+
+
+    def _dump():
+        if os.environ.get("MY_T2I_TRACE"):
+            with open(os.environ["MY_T2I_TRACE"], "w") as f:
+                json.dump(TRACE, f)
+
+
+    atexit.register(_dump)
+
+
+    def _count(module, args, output):
+        TRACE["denoiser_calls_grad" if torch.is_grad_enabled() else "denoiser_calls_no_grad"] += 1
 
 
     class MyT2IAdapter(SDAdapter):
         name = "my_t2i"
+
+        def load(self, *args, **kwargs):
+            pipe = super().load(*args, **kwargs)
+            TRACE["loads"] += 1
+            pipe.unet.register_forward_hook(_count)
+            return pipe
+
+        def encode(self, pipe, prompts):
+            TRACE["prompts_encoded"] += len(prompts)
+            return super().encode(pipe, prompts)
 
         def export_settings(self, pipe):
             return dict(super().export_settings(pipe), my_adapter=self.name)
@@ -144,7 +175,8 @@ def test_register_in_process_wins_and_is_removed(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_plugin_trains_on_policy_and_exports_and_a_broken_one_is_one_line(plugin, tmp_path):
-    env = cpu_env(PYTHONPATH=os.pathsep.join(p for p in (plugin, os.environ.get("PYTHONPATH", "")) if p))
+    env = cpu_env(PYTHONPATH=os.pathsep.join(p for p in (plugin, os.environ.get("PYTHONPATH", "")) if p),
+                  MY_T2I_TRACE=str(tmp_path / "trace.json"))  # only "mine" loads the plugin's module: its trace
     mine, broken = folder_of(tmp_path, "MyT2IPipeline", copy=True), folder_of(tmp_path, "BrokenPipeline", copy=True)
     jobs = [dict(args=[sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny", f"--config.logdir={tmp_path}",
                        f"--config.run_name={name}", f"--config.pretrained.model={model}", *RUN], cwd=ROOT, env=env)
@@ -162,7 +194,16 @@ def test_plugin_trains_on_policy_and_exports_and_a_broken_one_is_one_line(plugin
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     run = tmp_path / "mine"
     (h,) = json.load(open(run / "summary.json"))["history"]
-    assert h["train"]["onpolicy_ratio_max_dev"] == 0.0 and h["train"]["grad_norm"] > 0  # on-policy, and it trained
+    # on-policy within float32's stated tolerance (the sampler's log-probs, rows in other calls), and it trained
+    assert h["train"]["onpolicy_ratio_max_dev"] < ONPOLICY_TOL_EXACT and h["train"]["grad_norm"] > 0
+    # Training went through the plugin's adapter: its load built the denoiser that sampled (calls without autograd)
+    # and that the update differentiated (calls with autograd), its encode made the prompts' conditions. The counts
+    # depend on implementation details (batching, re-scoring), so only "some of each": with our SD adapter in its
+    # place (a registry that fell back to the default) there is no trace at all.
+    assert (tmp_path / "trace.json").is_file(), "the plugin's adapter never ran in the training process"
+    trace = json.load(open(tmp_path / "trace.json"))
+    assert trace["loads"] >= 1 and trace["prompts_encoded"] > 0, trace
+    assert trace["denoiser_calls_no_grad"] > 0 and trace["denoiser_calls_grad"] > 0, trace
     export = run / "export"
     assert sorted(os.listdir(export)) == ["export.json", "my_t2i.json", "scheduler", "text_encoder", "tokenizer", "unet"]
     assert json.load(open(export / "export.json"))["my_adapter"] == "my_t2i"  # the plugin's export_settings

@@ -1,5 +1,7 @@
 """ReCamMaster (models/recam.py): a checkpoint written here by the test's own code, under the original Wan key
-names, loads through diffusers' converter; the camera block math against a direct re-implementation of the
+names, loads through diffusers' converter; every checkpoint (the input, the library's naming, the trained
+exports) loads with strict=True into a module of ReCamMaster's own key list, written from its published
+architecture; the camera block math against a direct re-implementation of the
 equations; CFG; bad checkpoints are one line; exports give back the input's keys; the render script agrees with an
 independent Euler loop."""
 import os
@@ -10,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ddpo_grpo.errors import ConfigError
 
@@ -41,6 +44,72 @@ def own_original_name(key: str) -> str:
     if ".norm2." in key:
         return key.replace(".norm2.", ".norm3.")  # diffusers' norm2 is the cross-attention norm: Wan's norm3
     return key
+
+
+# ReCamMaster's own key list, the oracle for every checkpoint here (written without the library's map or the test's
+# _OWN above): a ReCamMaster checkpoint is `pipe.dit.state_dict()` (train_recammaster.py: torch.save of it; its
+# inference: `pipe.dit.load_state_dict(state_dict, strict=True)`), where dit is DiffSynth-Studio's Wan 2.1 T2V
+# `WanModel` (diffsynth/models/wan_video_dit.py, KwaiVGI/ReCamMaster at 39c0dc2) with two layers added to every
+# block: `cam_encoder = nn.Linear(12, dim)` and `projector = nn.Linear(dim, dim)`. WanModel's parameters, by its code:
+# patch_embedding (Conv3d in_dim -> dim, kernel = stride = patch), text_embedding / time_embedding (Sequential:
+# Linear, activation, Linear: indices 0 and 2), time_projection (Sequential: SiLU, Linear(dim, 6 dim): index 1),
+# blocks.N: modulation (1, 6, dim), self_attn and cross_attn (q, k, v, o Linear(dim, dim); norm_q, norm_k RMSNorm
+# with a weight only), norm1 / norm2 (LayerNorm without affine: no tensors), norm3 (LayerNorm with weight and bias),
+# ffn (Sequential: Linear(dim, ffn_dim), GELU, Linear(ffn_dim, dim)); head: modulation (1, 2, dim), norm (no affine),
+# head (Linear(dim, out_dim x prod(patch))). `freqs` is a plain attribute (no tensor in the state); img_emb only
+# with has_image_input (I2V, not ReCamMaster's T2V base).
+def recam_keys(dim, in_dim, ffn_dim, out_dim, text_dim, freq_dim, num_layers, patch=(1, 2, 2), cam_dim=12):
+    """{key: shape} of ReCamMaster's DiT state dict for a WanModel config."""
+    lin = lambda name, o, i: {f"{name}.weight": (o, i), f"{name}.bias": (o,)}  # noqa: E731
+    keys = {"patch_embedding.weight": (dim, in_dim, *patch), "patch_embedding.bias": (dim,),
+            **lin("text_embedding.0", dim, text_dim), **lin("text_embedding.2", dim, dim),
+            **lin("time_embedding.0", dim, freq_dim), **lin("time_embedding.2", dim, dim),
+            **lin("time_projection.1", 6 * dim, dim)}
+    for n in range(num_layers):
+        b = f"blocks.{n}"
+        keys[f"{b}.modulation"] = (1, 6, dim)
+        for attn in ("self_attn", "cross_attn"):
+            for proj in "qkvo":
+                keys.update(lin(f"{b}.{attn}.{proj}", dim, dim))
+            keys[f"{b}.{attn}.norm_q.weight"] = keys[f"{b}.{attn}.norm_k.weight"] = (dim,)
+        keys[f"{b}.norm3.weight"] = keys[f"{b}.norm3.bias"] = (dim,)
+        keys.update({**lin(f"{b}.ffn.0", ffn_dim, dim), **lin(f"{b}.ffn.2", dim, ffn_dim)})
+        keys.update({**lin(f"{b}.cam_encoder", dim, cam_dim), **lin(f"{b}.projector", dim, dim)})
+    keys.update({"head.modulation": (1, 2, dim), **lin("head.head", out_dim * int(np.prod(patch)), dim)})
+    return keys
+
+
+def recam_module(keys) -> torch.nn.Module:
+    """A torch module whose state dict is exactly `keys` (nested submodules by the dotted names, a parameter of each
+    shape at the leaves): what ReCamMaster's load_state_dict(strict=True) checks, names and shapes."""
+    root = torch.nn.Module()
+    for key, shape in keys.items():
+        *path, leaf = key.split(".")
+        m = root
+        for part in path:
+            if not hasattr(m, part):
+                m.add_module(part, torch.nn.Module())
+            m = getattr(m, part)
+        m.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
+    return root
+
+
+def wan_tiny_recam_keys(folder):
+    """recam_keys for the folder's transformer config (diffusers' config names -> WanModel's arguments)."""
+    import json
+
+    c = json.load(open(os.path.join(folder, "transformer", "config.json")))
+    return recam_keys(dim=c["num_attention_heads"] * c["attention_head_dim"], in_dim=c["in_channels"],
+                      ffn_dim=c["ffn_dim"], out_dim=c["out_channels"], text_dim=c["text_dim"], freq_dim=c["freq_dim"],
+                      num_layers=c["num_layers"], patch=tuple(c["patch_size"]))
+
+
+def load_as_recammaster(folder, state):
+    """ReCamMaster's inference step on `state`: load_state_dict(strict=True) into a module of its key list (raises on
+    a missing, unexpected or misshapen key); returns the module."""
+    module = recam_module(wan_tiny_recam_keys(folder))
+    module.load_state_dict(state, strict=True)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +204,24 @@ def test_checkpoint_keys_round_trip(pipe, ckpt):
     assert set(mine) == set(state)
     for k, v in state.items():  # every tensor of the file is the loaded model's
         assert torch.equal(mine[k], v), k
+
+
+def test_checkpoints_have_recammasters_own_keys(wan_folder, ckpt):
+    """The test's input checkpoint (written with _OWN), and the library's original_state of a model with camera layers
+    (how exports of a model loaded without a checkpoint and the bundled recam-tiny name their tensors), both load into
+    a module of ReCamMaster's own key list with strict=True."""
+    from diffusers import WanTransformer3DModel
+
+    from ddpo_grpo.models.recam import add_camera_layers, original_state
+
+    keys = wan_tiny_recam_keys(wan_folder)
+    # counted by hand: 12 tensors before the blocks, 31 in each block, 3 in the head
+    assert len(keys) == 12 + 2 * (1 + 2 * (4 * 2 + 2) + 2 + 4 + 4) + 3
+    load_as_recammaster(wan_folder, torch.load(ckpt, weights_only=True))
+    model = add_camera_layers(WanTransformer3DModel.from_pretrained(wan_folder, subfolder="transformer"))
+    mine = original_state(model)  # names from the library's map alone (no input checkpoint's names to echo)
+    loaded = load_as_recammaster(wan_folder, mine).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in mine.items())
 
 
 def test_block_math_matches_equations(pipe):
@@ -296,23 +383,32 @@ def test_lora_merge_matches_peft(pipe, ckpt):
     assert changed >= 2 * 6  # every targeted linear of both blocks
 
 
-def independent_render(pipe, cond, cams, x, steps, guidance, prompt):
-    """The flow-matching Euler update over the folder's shifted sigmas, CFG v_neg + G (v_pos - v_neg) with the
-    equations' velocity, then the VAE decode: frames (F, 3, H, W)."""
+def independent_render(pipe, cond, cams, x, steps, guidance, prompt, sigmas=None, negative=""):
+    """The flow-matching Euler update over `sigmas` (default: the folder's shifted sigmas), CFG
+    v_neg + G (v_pos - v_neg) with the equations' velocity, then the VAE decode: frames (F, 3, H, W)."""
     from ddpo_grpo.core.pipeline_with_logprob import decode
 
     C = pipe.sample_shape[0]
-    sched = pipe.scheduler
-    sched.set_timesteps(steps)
-    sigmas = sched.sigmas.clone()
-    pos, neg = pipe.encode([prompt]), pipe.encode([""])
+    if sigmas is None:
+        sched = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        sched.set_timesteps(steps)
+        sigmas = sched.sigmas.tolist()
+    pos, neg = pipe.encode([prompt]), pipe.encode([negative])
     z = x.clone()
     with torch.no_grad():
-        for i, t in enumerate(sched.timesteps):
-            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), pos)
-            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t.expand(1), neg)
+        for i in range(steps):
+            t = torch.tensor([1000.0 * sigmas[i]])  # the model's timestep: 1000 sigma
+            vp = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t, pos)
+            vn = reference_velocity(pipe.unet.model, z, cond[:, :C], cams[None], t, neg)
             z = z + (sigmas[i + 1] - sigmas[i]) * (vn + guidance * (vp - vn))
         return decode(pipe.vae, z)[0]
+
+
+def recammaster_sigmas(steps, shift=5.0):
+    """ReCamMaster's inference grid as read from its scheduler (the test's own numpy): linspace(1, 0, N + 1) without
+    its last value, shift * s / (1 + (shift - 1) * s), then 0."""
+    s = np.linspace(1.0, 0.0, steps + 1)[:-1]
+    return [float(v) for v in shift * s / (1 + (shift - 1) * s)] + [0.0]
 
 
 def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_path):
@@ -327,12 +423,75 @@ def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_pa
     out = tmp_path / "clip.npy"
     rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
                             "--camera", str(tmp_path / "cam.npy"), "--prompt", "a red circle", "--steps", "4",
-                            "--guidance", "3", "--noise", str(tmp_path / "noise.npy"), "--out", str(out)])
+                            "--guidance", "3", "--noise", str(tmp_path / "noise.npy"), "--out", str(out),
+                            "--grid", "scheduler", "--shift", "0", "--negative-prompt", ""])
     assert rc == 0
     got = torch.from_numpy(np.load(out))
     want = independent_render(pipe, cond, cams, x, 4, 3.0, "a red circle")
     assert got.shape == (FRAMES, 3, SIZE, SIZE)
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def _write_mp4(path, frames_u8, fps=15):
+    """An mp4 written with PyAV directly (not the library's writer): (F, H, W, 3) uint8."""
+    import av
+
+    with av.open(str(path), "w") as c:
+        st = c.add_stream("libx264", rate=fps)
+        st.height, st.width, st.pix_fmt = frames_u8.shape[1], frames_u8.shape[2], "yuv420p"
+        for f in frames_u8:
+            for p in st.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(p)
+        for p in st.encode():
+            c.mux(p)
+
+
+def test_render_non_square_mp4_as_recammaster_infers(wan_folder, ckpt, tmp_path):
+    """An mp4 source of another size and more frames than needed: the first F frames, resized to cover 32 x 48 and
+    centre-cropped (the test's own PIL reading of ReCamMaster's transform), ReCamMaster's grid at shift 5 and Wan's
+    default negative prompt by default; the same render as an mp4 has the size and frame count asked for."""
+    import av
+    from PIL import Image
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import recam_render
+
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.models.wan import WAN_NEGATIVE_PROMPT
+
+    g = np.random.default_rng(0)
+    base = np.kron(g.integers(0, 256, (7, 5, 9, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)  # blocky: survives H.264
+    _write_mp4(tmp_path / "src.mp4", base)  # 7 frames of 40 x 72
+    with av.open(str(tmp_path / "src.mp4")) as c:
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])[:FRAMES]
+    H, W = 32, 48  # scale max(48/72, 32/40) = 0.8: 32 x 58 (57.6 rounds up), crop 5 px left
+    src = np.stack([np.asarray(Image.fromarray(f).resize((58, 32), Image.BILINEAR))[:, 5:53] for f in decoded])
+    src = torch.from_numpy(src.transpose(0, 3, 1, 2).astype(np.float32) / 255)
+    cams = torch.randn(2, 12, generator=torch.Generator().manual_seed(2))
+    np.save(tmp_path / "cam.npy", cams.numpy())
+    x = torch.randn(1, 16, 2, H // 8, W // 8, generator=torch.Generator().manual_seed(4))
+    np.save(tmp_path / "noise.npy", x.numpy())
+    common = ["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.mp4"), "--camera",
+              str(tmp_path / "cam.npy"), "--prompt", "a red circle", "--frames", str(FRAMES), "--height", str(H),
+              "--width", str(W), "--noise", str(tmp_path / "noise.npy"), "--steps", "3"]
+    assert recam_render.main(common + ["--out", str(tmp_path / "o.npy")]) == 0
+    got = torch.from_numpy(np.load(tmp_path / "o.npy"))
+    pipe = load_pipeline(wan_folder, num_frames=FRAMES, recam_checkpoint=ckpt)
+    pipe.height, pipe.width = H, W
+    cond = pipe.adapter.condition_channels(pipe, [{"index": 0, "source_video": src, "cameras": cams}], "cpu")
+    want = independent_render(pipe, cond, cams, x, 3, 5.0, "a red circle", recammaster_sigmas(3),
+                              WAN_NEGATIVE_PROMPT)
+    assert got.shape == (FRAMES, 3, H, W)
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    # the folder's grid and an empty negative prompt give another clip: the defaults are not the old ones
+    other = independent_render(pipe, cond, cams, x, 3, 5.0, "a red circle")
+    assert (other - want).abs().max() > 1e-3
+    assert recam_render.main(common + ["--out", str(tmp_path / "o.mp4")]) == 0
+    with av.open(str(tmp_path / "o.mp4")) as c:
+        back = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    assert back.shape == (FRAMES, H, W, 3)
+    # H.264 with 4:2:0 chroma on a random model's noisy frames: close, not equal (another clip differs by ~0.3)
+    assert np.abs(back / 255.0 - got.numpy().transpose(0, 2, 3, 1)).mean() < 0.08
 
 
 def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
@@ -343,10 +502,17 @@ def test_render_bad_input_is_one_line(tmp_path, wan_folder, ckpt):
     rc = recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--source", str(tmp_path / "src.npy"),
                             "--camera", str(tmp_path / "none.npy"), "--prompt", "x", "--out", str(tmp_path / "o.npy")])
     assert rc == 2
+    np.save(tmp_path / "odd.npy", np.zeros((5, 3, 32, 44), dtype=np.float32))  # 44 px: not a multiple of 16
+    for extra in (["--source", str(tmp_path / "odd.npy"), "--camera", "1"],
+                  ["--source", str(tmp_path / "none.mp4"), "--camera", "1"],
+                  ["--source", str(tmp_path / "odd.npy"), "--camera", "11"]):
+        assert recam_render.main(["--model", wan_folder, "--checkpoint", ckpt, "--prompt", "x", "--out",
+                                  str(tmp_path / "o.npy"), *extra]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ through the trainer
-RUN = ["--config.num_epochs=2", "--config.save_freq=0", "--config.eval_freq=0", "--config.logging.wandb=False",
+# save_freq=2: the end's training state (checkpoint_00002/model.safetensors), what the export is compared with
+RUN = ["--config.num_epochs=2", "--config.save_freq=2", "--config.eval_freq=0", "--config.logging.wandb=False",
        "--config.logging.tensorboard=False", f"--config.pretrained.resolution={SIZE}",
        f"--config.pretrained.num_frames={FRAMES}", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=2",
        "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
@@ -372,7 +538,7 @@ def trained(wan_folder, ckpt, tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", list(RECAM_MODES))
-def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, mode, ckpt):
+def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, mode, ckpt, wan_folder):
     import json
 
     run = trained / mode
@@ -386,6 +552,7 @@ def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, m
     before = torch.load(ckpt, weights_only=True)
     after = torch.load(run / "export" / "recammaster.ckpt", weights_only=True)
     assert list(after) == list(before)  # the input's keys, in its order
+    load_as_recammaster(wan_folder, after)  # what ReCamMaster's inference does with it: strict, its own key list
     trained_keys = [k for k in before if "self_attn" in k or "cam_encoder" in k or "projector" in k]
     for k, v in before.items():
         assert after[k].shape == v.shape and after[k].dtype == v.dtype, k
@@ -401,28 +568,40 @@ def test_outside_checkpoint_trains_on_policy_and_exports_its_own_keys(trained, m
 
 @pytest.mark.timeout(600)
 def test_export_renders_what_the_trained_policy_samples(trained, wan_folder, ckpt, tmp_path):
-    """The full run's export, loaded back from recammaster.ckpt over the base folder, is the trained policy: its
-    render (scripts/recam_render.py) equals the independent Euler loop over the checkpoint's tensors."""
+    """The full run's export, loaded back from recammaster.ckpt over the base folder, is the trained policy: its weights
+    are the training state's (the run's checkpoint_00002/model.safetensors loaded as the trainer holds it), its
+    render (scripts/recam_render.py) is the trained policy's render and equals the independent Euler loop over the
+    checkpoint's tensors."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import recam_render
+    from helpers import policy_from_checkpoint
 
     from ddpo_grpo.models import load_pipeline
 
     ck = str(trained / "full" / "export" / "recammaster.ckpt")
     pipe = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ck)
-    state = torch.load(ck, weights_only=True)
-    from ddpo_grpo.models.recam import original_state
-
-    assert all(torch.equal(original_state(pipe.unet.model)[k], v) for k, v in state.items())
+    policy = policy_from_checkpoint(wan_folder, str(trained / "full" / "checkpoints" / "checkpoint_00002"), False,
+                                    resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ckpt)
+    # Weights: both in diffusers' names (the export's through diffusers' own converter at load), full fine-tuning in
+    # float32 end to end, so the export must be the trained tensors exactly; and training moved them.
+    exported, trained_w = pipe.unet.model.state_dict(), policy.unet.model.state_dict()
+    assert exported.keys() == trained_w.keys()
+    assert [k for k in exported if not torch.equal(exported[k], trained_w[k])] == []
+    start = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=ckpt).unet.model.state_dict()
+    assert any(not torch.equal(start[k], trained_w[k]) for k in start)
     items, cond, x = _inputs(pipe, B=1, seed=9)
-    frames = recam_render.render(pipe, items[0]["source_video"], items[0]["cameras"], "a red circle", steps=2,
-                                 guidance=2.0, noise=x)
+    frames = recam_render.render(pipe, items[0]["source_video"], items[0]["cameras"], "a red circle", "", steps=2,
+                                 guidance=2.0, noise=x, grid="scheduler", shift=0.0)
+    # the same weights through the same render call: the same arithmetic, so equal
+    assert torch.equal(recam_render.render(policy, items[0]["source_video"], items[0]["cameras"], "a red circle", "",
+                                           steps=2, guidance=2.0, noise=x, grid="scheduler", shift=0.0), frames)
     want = independent_render(pipe, cond, items[0]["cameras"], x, 2, 2.0, "a red circle")
     assert frames.shape == (FRAMES, 3, SIZE, SIZE) and torch.allclose(frames, want, atol=1e-4)
     base = load_pipeline(wan_folder, resolution=SIZE, num_frames=FRAMES,
                          recam_checkpoint=ckpt)
     assert not torch.allclose(recam_render.render(base, items[0]["source_video"], items[0]["cameras"], "a red circle",
-                                                  steps=2, guidance=2.0, noise=x), frames, atol=1e-4)
+                                                  "", steps=2, guidance=2.0, noise=x, grid="scheduler", shift=0.0),
+                              frames, atol=1e-4)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(pipe):
@@ -447,3 +626,29 @@ def test_gradient_checkpointing_gives_the_same_gradients(pipe):
     assert grads[0] and all(g.abs().sum() > 0 for g in grads[0].values())
     for n in grads[0]:
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
+
+
+@pytest.mark.parametrize("call", ["positional", "keyword"])
+def test_camera_hooks_take_attn1_input_however_it_is_called(pipe, call):
+    """diffusers releases differ in how WanTransformerBlock calls attn1 (positionally in 0.42, by keyword in
+    others): both give projector(self_attn(x + cam_encoder(cam))), written out with attn1's processor directly."""
+    model = pipe.unet.model
+    blk = model.blocks[0]
+    g = torch.Generator().manual_seed(5)
+    dim = blk.attn1.to_q.in_features
+    x = torch.randn(1, 2 * 2 * 2 * 2, dim, generator=g)  # 2F' = 4 frames of 2 x 2 tokens
+    cams = torch.randn(1, 2, 12, generator=g)
+    rope = model.rope(torch.zeros(1, 16, 4, 4, 4))  # 4 latent frames of 4 x 4 (patch 2: 2 x 2 tokens each)
+    from ddpo_grpo.models.recam import camera_tokens
+
+    blk._recam_tokens = camera_tokens(cams, 4)
+    with torch.no_grad():
+        if call == "positional":
+            got = blk.attn1(x, None, None, rope)
+        else:
+            got = blk.attn1(hidden_states=x, encoder_hidden_states=None, attention_mask=None, rotary_emb=rope)
+        want = blk.projector(blk.attn1.processor(blk.attn1, x + blk.cam_encoder(blk._recam_tokens), None, None, rope))
+        plain = blk.projector(blk.attn1.processor(blk.attn1, x, None, None, rope))
+    blk._recam_tokens = None
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    assert (got - plain).abs().max() > 1e-3  # the camera was added

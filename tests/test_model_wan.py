@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 import pytest
+
+from ddpo_grpo.core.loss import ONPOLICY_TOL_EXACT
 import torch
 from helpers import cpu_env, finish_plain_export, policy_from_checkpoint, start_plain_export, train_modes
 from safetensors.torch import load_file
@@ -283,7 +285,7 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
     history = summary["history"]
     assert [h["epoch"] for h in history] == [0, 1]
     for h in history:  # the live check: before the first update the re-scored log-probs are exactly the sampled ones
-        assert h["train"]["onpolicy_ratio_max_dev"] == 0.0
+        assert h["train"]["onpolicy_ratio_max_dev"] < ONPOLICY_TOL_EXACT  # float32 CPU, the sampler's log-probs
         assert h["train"]["grad_norm"] > 0 and np.isfinite(h["reward_mean"]) and h["reward_mean"] < 0  # -JPEG kB
     lora = mode == "lora"
     if lora:  # eval on frames (epoch 0 and the final policy), and a frame-strip grid per epoch

@@ -25,7 +25,14 @@ from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 3
-TIMEOUT_S = 20  # collective_timeout_s of these runs: a dead or hung peer ends the job within it
+# collective_timeout_s of these runs: a dead or hung peer ends the job within it. It is also how far apart the two
+# machines may drift at any collective of a healthy run (start-up imports and loads, machine 0 writing a checkpoint's
+# export while machine 1 waits at the barrier), which a loaded machine stretches: 60 s, not 20. A SIGKILLed peer is
+# normally seen at once (its sockets close), so this bound costs the kill tests nothing.
+TIMEOUT_S = 60
+KILL_WAIT_S = 600  # hang guards only (no timing is asserted): how long a machine may take to reach the kill point
+END_WAIT_S = 300  # ... and machine 0 to end after the kill; far below the 1800 s default collective time-out, so a
+# run that ignored collective_timeout_s still fails here
 SMALL = ["--config", "config/grpo.py:tiny", f"--config.num_epochs={EPOCHS}", "--config.sample.num_steps=3",
          "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1", "--config.sample.k=4",
          "--config.train.batch_size=4", "--config.eval_freq=0", "--config.logging.wandb=False",
@@ -34,6 +41,9 @@ SMALL = ["--config", "config/grpo.py:tiny", f"--config.num_epochs={EPOCHS}", "--
          # the EMA reference and an LR warmup: state a resume must restore exactly
          "--config.train.beta=0.05", "--config.train.reference_model_mixup_alpha=0.5",
          "--config.train.lr_warmup_steps=5", f"--config.collective_timeout_s={TIMEOUT_S}"]
+
+
+OTHER_ZONE = "XYZ-05"  # POSIX TZ: local time 5 h ahead of UTC (no tz database needed)
 
 
 def free_port() -> int:
@@ -82,30 +92,42 @@ def kill_machine(proc) -> None:
 
 def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1, fsdp=False):
     """Machine 0, then 1 s later machine 1, with --config.logdir=logdirs[rank] and extra[rank]. kill_when: a
-    function giving a path (or None); once that path exists machine 1's launcher and workers are SIGKILLed.
-    Returns (outputs, return codes, seconds machine 0 ran on after the kill)."""
+    function giving a path (or None); once that path exists machine 1's launcher and workers are SIGKILLed, and
+    machine 0 must end by itself (within END_WAIT_S: a hang guard, not a timing check). Returns (outputs, return
+    codes)."""
     port = free_port()
     procs = []
     try:
         for rank in (0, 1):
             cmd = machine_cmd(rank, port, per_machine, fsdp) + [f"--config.logdir={logdirs[rank]}", *extra[rank]]
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(PYTHONPATH=ROOT), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+            # Machine 1's clock reads another time zone (as two machines' can): without rank 0's broadcast of the
+            # run name, each would name its run folder by its own clock, and the two names would differ by hours.
+            env = cpu_env(PYTHONPATH=ROOT, **({"TZ": OTHER_ZONE} if rank == 1 else {}))
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
             time.sleep(1)
-        after_kill = None
         if kill_when:
-            deadline = time.time() + 300
-            while procs[1].poll() is None and time.time() < deadline:
+            # Poll for the condition (the kill point's file), not a time: a loaded machine only gets there later.
+            deadline = time.monotonic() + KILL_WAIT_S
+            reached = False
+            while procs[1].poll() is None and time.monotonic() < deadline:
                 path = kill_when()
                 if path and os.path.exists(path):
+                    reached = True
                     break
                 time.sleep(0.05)
             kill_machine(procs[1])
-            killed = time.time()
-            procs[0].wait(timeout=TIMEOUT_S + 60)  # a hang fails here
-            after_kill = time.time() - killed
+            if not reached:  # machine 1 ended (or hung) before the kill point: say so, not a later, stranger failure
+                out = procs[1].communicate(timeout=60)[0] if procs[1].poll() is not None else ""
+                pytest.fail(f"machine 1 never reached the kill point {kill_when()} (exit {procs[1].returncode}, "
+                            f"waited up to {KILL_WAIT_S} s): {out[-2000:]}")
+            try:
+                procs[0].wait(timeout=END_WAIT_S)  # a hang fails here
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"machine 0 still running {END_WAIT_S} s after machine 1 was killed "
+                            f"(collective_timeout_s={TIMEOUT_S}): a hang")
         outs = [p.communicate(timeout=600)[0] for p in procs]
-        return outs, [p.returncode for p in procs], after_kill
+        return outs, [p.returncode for p in procs]
     finally:  # nothing outlives a failed test
         for p in procs:
             if p.poll() is None:
@@ -147,7 +169,7 @@ def kill_and_resume(logdirs, per_machine=1, fsdp=False):
         folders = run_folders(logdirs[1])
         return os.path.join(folders[0], "checkpoints", "checkpoint_00001", "run_meta.json") if folders else None
 
-    outs, rcs, after_kill = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine, fsdp=fsdp)
+    outs, rcs = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine, fsdp=fsdp)
     folders = [run_folders(d) for d in logdirs]
     assert all(len(f) == 1 for f in folders), folders  # one run folder (one per machine without a shared filesystem)
     run_dirs = [folders[0][0], folders[1][0]]
@@ -156,8 +178,8 @@ def kill_and_resume(logdirs, per_machine=1, fsdp=False):
     line = [ln for ln in outs[0].splitlines() if f"error: another process of this {2 * per_machine}-process job stopped" in ln]
     assert line and f"collective_timeout_s={TIMEOUT_S} s" in line[0], outs[0][-3000:]
     assert "Traceback" not in outs[0][:outs[0].index(line[0])]  # the trainer's one line (torchrun's summary follows)
-    assert after_kill < TIMEOUT_S + 30
-    outs, rcs, _ = two_machines(logdirs, extra=[[f"--config.resume_from={d}"] for d in run_dirs],
+    # (no bound on how long machine 0 took: two_machines' END_WAIT_S fails a hang, the line above names the setting)
+    outs, rcs = two_machines(logdirs, extra=[[f"--config.resume_from={d}"] for d in run_dirs],
                                 per_machine=per_machine, fsdp=fsdp)
     assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     resumed = [ln for ln in outs[0].splitlines() if "resumed from" in ln]
@@ -193,6 +215,20 @@ def assert_same_as_single(run_dirs, single, nproc=2, rounding_from=None):
             assert all(torch.equal(got[k], want[k]) for k in want)
         else:
             assert all(torch.allclose(got[k], want[k], rtol=0, atol=1e-6) for k in want)
+
+
+def test_run_name_is_rank_0s_whatever_each_machine_s_clock_says(tmp_path):
+    """A logdir per machine, machine 1's clock 5 h ahead: both run folders carry rank 0's name (<config>_<time>),
+    the one machine 0's clock gives. Fails if the name is taken from each machine's own clock (the broadcast in
+    trainer/run_identity.agree_run removed)."""
+    logdirs = [tmp_path / "m0", tmp_path / "m1"]
+    t0 = time.localtime()
+    outs, rcs = two_machines(logdirs, extra=[["--config.num_epochs=1", "--config.save_freq=0"]] * 2)
+    assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    names = [os.path.basename(f) for d in logdirs for f in run_folders(d)]
+    assert len(names) == 2 and names[0] == names[1], names
+    hour = int(names[0].rsplit("_", 1)[1][:2])  # machine 0's clock: this process's zone, not machine 1's
+    assert hour in (t0.tm_hour, (t0.tm_hour + 1) % 24), (names, t0.tm_hour)
 
 
 def test_shared_logdir_one_run_exact_resume(tmp_path, single):
@@ -255,7 +291,7 @@ def test_fsdp2_shared_logdir_exact_resume(tmp_path):
 
 def test_fsdp2_without_shared_logdir_is_one_line(tmp_path):
     """FSDP2's sharded checkpoints need one filesystem: a logdir per machine stops both at start, in one line."""
-    outs, rcs, _ = two_machines([tmp_path / "m0", tmp_path / "m1"], fsdp=True)
+    outs, rcs = two_machines([tmp_path / "m0", tmp_path / "m1"], fsdp=True)
     for out, rc in zip(outs, rcs):
         assert rc != 0 and "FSDP2's sharded checkpoints need one filesystem" in out, out[-3000:]
         assert "Traceback" not in out[:out.index("error: ")]
@@ -264,7 +300,7 @@ def test_fsdp2_without_shared_logdir_is_one_line(tmp_path):
 def test_peer_dead_before_start_ends_with_one_line(tmp_path):
     """Machine 1's trainer stops at its own start-up check (a resume folder it lacks) before the process group
     forms: machine 0 waits collective_timeout_s for it, then ends with one line, no hang."""
-    outs, rcs, _ = two_machines([tmp_path, tmp_path], extra=[["--config.collective_timeout_s=8"],
+    outs, rcs = two_machines([tmp_path, tmp_path], extra=[["--config.collective_timeout_s=8"],
                                                              [f"--config.resume_from={tmp_path}/missing"]])
     assert rcs[1] != 0 and "error: resume_from=" in outs[1]
     line = "error: another process of this 2-process job stopped or did not answer within collective_timeout_s=8 s"

@@ -88,10 +88,12 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
     straight = start(tmp_path, "straight", epochs=3, extra=extra)
     proc = start(tmp_path, "killed", epochs=3, extra=extra)
     first = tmp_path / "killed" / "checkpoints" / "checkpoint_00001"
-    deadline = time.time() + 300
-    while not first.exists() and time.time() < deadline and proc.poll() is None:
+    # Into epoch 1 by a condition, not a sleep: checkpoint 1 written and epoch 1's samples drawn (its GRPO check line
+    # comes after sampling, before the update). The deadline only guards a hang: a loaded machine just gets there later.
+    deadline = time.monotonic() + 600
+    while not (first.exists() and "epoch 1: GRPO check" in (tmp_path / "killed.out").read_text()) \
+            and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    time.sleep(0.5)  # into epoch 1
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert first.exists() and not (tmp_path / "killed" / "checkpoints" / "checkpoint_00003").exists()

@@ -208,6 +208,10 @@ class DDIMFamily(ModelFamily):
         return xt, t, target
 
     def check_sample_config(self, sample) -> None:
+        grid, shift = getattr(sample, "flow_grid", "scheduler"), getattr(sample, "flow_shift", 0.0)
+        if grid != "scheduler" or shift:
+            raise ConfigError(f"sample.flow_grid={grid!r} / sample.flow_shift={shift!r} apply to flow models; a DDIM "
+                              "model keeps 'scheduler' / 0")
         if sample.eta <= 0:
             raise ConfigError(f"sample.eta={sample.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
                               "use eta > 0 for training (evaluation uses eta=0 by itself)")
@@ -223,11 +227,22 @@ class FlowFamily(ModelFamily):
     note_keys = ("shift",)
 
     def describe(self, scheduler, sample) -> str:
-        return f" ({sample.sde_type}, noise_level {sample.noise_level})"
+        grid, shift = getattr(scheduler, "flow_grid", "scheduler"), getattr(scheduler, "flow_grid_shift", 0.0)
+        how = "" if grid == "scheduler" else f", grid {grid}"
+        how += f", shift {shift:g}" if shift else ""
+        return f" ({sample.sde_type}, noise_level {sample.noise_level}{how})"
 
     def set_timesteps(self, scheduler, num_steps: int) -> None:
-        # sigmas on the CPU: the steps index them with CPU step indices.
+        # sigmas on the CPU: the steps index them with CPU step indices. A named grid (set_flow_grid) replaces the
+        # scheduler's sigmas after its own set_timesteps, which resets its step counters as diffusers expects.
+        grid, shift = getattr(scheduler, "flow_grid", "scheduler"), getattr(scheduler, "flow_grid_shift", 0.0)
+        if shift and hasattr(scheduler, "set_shift"):
+            scheduler.set_shift(shift)  # the "scheduler" grid then shifts by it too
         scheduler.set_timesteps(num_steps, device="cpu")
+        if grid != "scheduler":
+            sigmas = flow_grid_sigmas(grid, num_steps, shift or float(scheduler.config.shift))
+            scheduler.sigmas = sigmas
+            scheduler.timesteps = sigmas[:-1] * float(scheduler.config.num_train_timesteps)
 
     def scheduler_from_config(self, scheduler_config: Dict[str, Any]):
         from diffusers import FlowMatchEulerDiscreteScheduler
@@ -261,9 +276,45 @@ class FlowFamily(ModelFamily):
         return float(flow_step_std(scheduler, step_index, settings.noise_level, settings.sde_type))
 
     def check_sample_config(self, sample) -> None:
+        check_flow_grid(getattr(sample, "flow_grid", "scheduler"), getattr(sample, "flow_shift", 0.0))
         if sample.noise_level <= 0:
             raise ConfigError(f"sample.noise_level={sample.noise_level}: the flow ODE has no log-probability; use > 0")
         super().check_sample_config(sample)
+
+
+# ------------------------------------------------------------------------------------------- named flow grids
+# The flow family's sigma grids by name: "scheduler" is the scheduler's own set_timesteps (diffusers' grid over its
+# config); "recammaster" is ReCamMaster's inference scheduler (DiffSynth's FlowMatchScheduler with sigma_min 0,
+# sigma_max 1, extra_one_step): sigmas = linspace(1, 0, N + 1) without its last value, shifted by
+# shift * s / (1 + (shift - 1) * s), then one last Euler step to 0; the model's timestep is 1000 * sigma. ReCamMaster
+# uses shift 5 (sample.flow_shift); diffusers' grid for the same N and shift ends at another sigma.
+FLOW_GRIDS = ("scheduler", "recammaster")
+
+
+def check_flow_grid(grid: str, shift: float = 0.0) -> None:
+    """One ConfigError line for an unknown grid name or a negative shift (0: the scheduler's own shift)."""
+    if grid not in FLOW_GRIDS:
+        raise ConfigError(f"sample.flow_grid={grid!r}; choose one of {FLOW_GRIDS}")
+    if not shift >= 0:
+        raise ConfigError(f"sample.flow_shift={shift!r} must be >= 0 (0: the scheduler's own shift)")
+
+
+def flow_grid_sigmas(grid: str, num_steps: int, shift: float) -> torch.Tensor:
+    """(num_steps + 1,) float32 sigmas of a named grid, from 1 down to the final 0 (the comment above)."""
+    if grid != "recammaster":
+        raise ValueError(f"flow grid {grid!r} has no sigma rule of its own; known: {FLOW_GRIDS[1:]}")
+    s = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float32)[:-1]  # float32, as ReCamMaster computes it
+    s = shift * s / (1 + (shift - 1) * s)
+    return torch.cat([s, torch.zeros(1)])
+
+
+def set_flow_grid(scheduler, grid: str = "scheduler", shift: float = 0.0):
+    """Make a flow scheduler sample on a named grid (FLOW_GRIDS) and shift (0: its own): FlowFamily.set_timesteps
+    reads both from the scheduler object, so every caller of the family (sampler, re-scoring, evaluation, render)
+    gets the same grid. Returns the scheduler."""
+    check_flow_grid(grid, shift)
+    scheduler.flow_grid, scheduler.flow_grid_shift = grid, float(shift)
+    return scheduler
 
 
 FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in (DDIMFamily(), FlowFamily())}

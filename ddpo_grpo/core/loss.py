@@ -94,6 +94,7 @@ def grpo_loss(
     beta: float = 0.0,
     kl_type: str = "gaussian",
     clip_range_high: Optional[float] = None,
+    weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Clipped-ratio policy loss plus beta * KL to the reference.
 
@@ -101,6 +102,8 @@ def grpo_loss(
     N is samples for one timestep, or samples x timesteps flattened: every element has equal weight.
     The ratio is clipped to [1 - clip_range, 1 + (clip_range_high or clip_range)].
     With beta == 0 the reference is not used and ref may be None (kl is then logged if ref is given).
+    weights (N,), optional and detached: a per-element factor on the policy term (the truncated importance weight
+    pi_trainer / pi_sampler of train.sampler_is_cap); None weighs every element 1.
     Returns (scalar loss, metrics): loss, policy_loss, kl, approx_kl, clipfrac, clipfrac_low,
     clipfrac_high, ratio_mean, ratio_min, ratio_max, all detached scalars.
     """
@@ -117,7 +120,12 @@ def grpo_loss(
     ratio = torch.exp(log_prob - old_log_prob)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + hi)
-    policy_loss = torch.maximum(unclipped, clipped).mean()
+    per_row = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        if weights.shape != per_row.shape:
+            raise ValueError(f"weights {tuple(weights.shape)} must have log_prob's shape {tuple(per_row.shape)}")
+        per_row = per_row * weights.detach()
+    policy_loss = per_row.mean()
 
     if ref is not None:
         kl = kl_penalty(log_prob, ref, kl_type).mean()

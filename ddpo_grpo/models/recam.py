@@ -81,16 +81,23 @@ def check_config(config) -> None:
 
 # --------------------------------------------------------------------------------------------- the camera layers
 class _AddCamera:
-    """attn1 forward pre-hook: x_mod + cam_encoder(per-token camera numbers). An object holding its block (not a
-    closure), so a deep copy of the model reads its own block."""
+    """attn1 forward pre-hook (with kwargs): x_mod + cam_encoder(per-token camera numbers). An object holding its
+    block (not a closure), so a deep copy of the model reads its own block. diffusers' WanTransformerBlock passes
+    attn1's input positionally in some releases and as `hidden_states=` in others: both are taken, anything else is
+    an error rather than a silently camera-less model."""
 
     def __init__(self, block):
         self.block = block
 
-    def __call__(self, module, args):
+    def __call__(self, module, args, kwargs):
         cam = self.block._recam_tokens  # (B, S, 12), set by RecamDenoiser for this call
-        x = args[0]
-        return (x + self.block.cam_encoder(cam.to(x.dtype)).to(x.dtype),) + tuple(args[1:])
+        add = lambda x: x + self.block.cam_encoder(cam.to(x.dtype)).to(x.dtype)  # noqa: E731
+        if args:
+            return (add(args[0]),) + tuple(args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, dict(kwargs, hidden_states=add(kwargs["hidden_states"]))
+        raise TypeError("ReCamMaster camera hook: attn1 was called without its input (no positional argument, no "
+                        f"hidden_states=; got {sorted(kwargs)}): this diffusers release is not supported")
 
 
 class _Project:
@@ -120,7 +127,7 @@ def add_camera_layers(transformer: torch.nn.Module) -> torch.nn.Module:
                 block.projector.weight.copy_(torch.eye(dim))
                 block.projector.bias.zero_()
         block._recam_tokens = None
-        block.attn1.register_forward_pre_hook(_AddCamera(block))
+        block.attn1.register_forward_pre_hook(_AddCamera(block), with_kwargs=True)
         block.attn1.register_forward_hook(_Project(block))
     transformer._recam_layers = True
     return transformer

@@ -12,8 +12,9 @@ VAE AutoencoderKLWan (8x space, 4x time, per-channel latents_mean / latents_std)
   loaded as a FlowMatchEulerDiscreteScheduler with shift = flow_shift (models.base.load_scheduler), the flow family
   (Flow-GRPO's SDE / CPS). Exports carry that scheduler (a LoRA export too, in scheduler/), so
   WanPipeline.from_pretrained(export, scheduler=...) samples with it.
-- size: pretrained.resolution (square, a multiple of 16) and pretrained.num_frames (1 + 4k); 0 = WanPipeline's
-  defaults, 480x832 px and 81 frames.
+- size: pretrained.resolution (square, a multiple of 16), or pretrained.height / pretrained.width (any multiple of 16,
+  applied by `configure` / `set_size`), and pretrained.num_frames (1 + 4k); 0 = WanPipeline's defaults, 480x832 px
+  and 81 frames.
 
 `build_tiny(out_dir)`: the same classes at test size ("wan-tiny": 32x32 px, 5 frames, latents 16x2x4x4).
 `build_wan21_1_3b_random`: Wan 2.1 T2V 1.3B's shapes (and UMT5-XXL's) with random weights for GPU benchmarks,
@@ -35,6 +36,11 @@ from .base import LoadedPipeline, ModelAdapter, component_dtype, default_dtype, 
 COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
 MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default (encode_prompt's own is 226: not what the pipeline samples)
+# Wan 2.1's default negative prompt (its shared config's `sample_neg_prompt`), the one ReCamMaster's inference passes
+# (inference_recammaster.py, commit 39c0dc2): the recam configs' and scripts/recam_render.py's CFG negative.
+WAN_NEGATIVE_PROMPT = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，"
+                       "JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，"
+                       "手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
 
 
 @dataclass
@@ -140,14 +146,24 @@ class WanAdapter(ModelAdapter):
         return self.check_size(path, resolution, 0)
 
     def configure(self, pipe, config) -> None:
-        """pretrained.num_frames (0: keep the loaded count, 81 by default): the frames each sample has."""
-        frames = int(config.pretrained.get("num_frames", 0) or 0)
-        if frames:
-            temporal, spatial = _scales(pipe.vae.config)
-            why = check_size(0, frames, spatial, temporal)
+        """pretrained.num_frames (0: keep the loaded count, 81 by default): the frames each sample has;
+        pretrained.height / pretrained.width (0: keep pretrained.resolution's square, or 480 x 832): a non-square size."""
+        p = config.pretrained
+        self.set_size(pipe, int(p.get("height", 0) or 0), int(p.get("width", 0) or 0), int(p.get("num_frames", 0) or 0),
+                      what="pretrained.")
+
+    def set_size(self, pipe, height: int = 0, width: int = 0, num_frames: int = 0, what: str = "") -> None:
+        """Sample height x width px (any multiple of the VAE's factor times the patch, not only squares) and
+        num_frames (1 + 4k); 0 keeps the pipe's. One ConfigError line for a size the model cannot take."""
+        temporal, spatial = _scales(pipe.vae.config)
+        patch = tuple(pipe.unet.config.patch_size)
+        for name, v in (("height", height), ("width", width), ("num_frames", num_frames)):
+            why = check_size(v, 0, spatial, temporal, patch) if name != "num_frames" else check_size(0, v, spatial,
+                                                                                                     temporal, patch)
             if why:
-                raise ConfigError(f"pretrained.num_frames: {why}")
-            pipe.num_frames = frames
+                raise ConfigError(f"{what}{name}: {why.replace('resolution', name)}")
+        pipe.height, pipe.width = int(height or pipe.height), int(width or pipe.width)
+        pipe.num_frames = int(num_frames or pipe.num_frames)
 
     def pixel_size(self, pipe) -> tuple:
         return int(pipe.height), int(pipe.width)

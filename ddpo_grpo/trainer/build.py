@@ -245,6 +245,9 @@ def validate_config(config, num_processes: int) -> str:
     from .verification import check_onpolicy_config
 
     check_onpolicy_config(config)  # train.onpolicy_check
+    from .rescoring import check_old_logprobs_config
+
+    check_old_logprobs_config(config)  # train.old_logprobs, train.sampler_is_cap
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
     tree = branch_spec(config, family, scheduler)  # a tree that cannot be sampled or trained is one line here
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
@@ -357,6 +360,10 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
                          resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint_path(config),
                          lora=bool(config.use_lora))
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
+    if pipe.family == "flow":  # sample.flow_grid / flow_shift: read by the flow family wherever it sets timesteps
+        from ddpo_grpo.core.families import set_flow_grid
+
+        set_flow_grid(pipe.scheduler, config.sample.get("flow_grid", "scheduler"), config.sample.get("flow_shift", 0.0))
     cache_on = bool(config.data.get("cache_embeddings", False))
     if config.pretrained.get("offload", False):  # on the device only for their calls (core.offload)
         park([pipe.vae] + pipe.text_encoders())
@@ -397,12 +404,13 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     # data.cache_embeddings the whole prompt set (train, eval, the CFG negative "") is encoded now, held on the host
     # and in the run folder, and the text encoders are parked off the device (trainer/embeddings.py).
     encode = PromptEmbeddings(pipe, accelerator.device, host=cache_on)
+    negative = str(config.sample.get("negative_prompt", "") or "")  # CFG's negative prompt
     if cache_on:
         # Each machine's main process encodes and writes the file (atomically: on a shared filesystem the machines
         # write the same bytes, renamed into place), then that machine's other processes read it: machines without a
         # shared run folder (run_identity.py) encode in parallel, each into its own folder.
         with accelerator.local_main_process_first():
-            encode.precompute(dataset_prompts(train_data) + dataset_prompts(eval_data) + [""], folder=run_dir,
+            encode.precompute(dataset_prompts(train_data) + dataset_prompts(eval_data) + [negative], folder=run_dir,
                               settings={"model": config.pretrained.model}, write=accelerator.is_local_main_process)
     supervised = SupervisedLoss(config, pipe) if t.sup_weight > 0 else None
     old_policy = None
@@ -413,7 +421,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     for obj in (state, stat_tracker) + tuple(o for o in (reference, old_policy) if o is not None):
         accelerator.register_for_checkpointing(obj)
     ctx = RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
-                     sampler, train_data, eval_data, encode, encode([""]), run_dir, state, supervised, old_policy,
+                     sampler, train_data, eval_data, encode, encode([negative]), run_dir, state, supervised, old_policy,
                      tree, gold=build_gold(config))
     ready = time.perf_counter()
     ctx.startup = {"started_at": started, "ready_at": ready, "move_s": move_s, "ready_embeddings_s": encode.seconds,

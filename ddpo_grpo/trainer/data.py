@@ -121,8 +121,23 @@ def build_dataset(config, split: str):
 
         ds = RecamVideoConditions(split=split, num_frames=int(config.pretrained.get("num_frames", 0) or 9),
                                   size=int(config.pretrained.get("resolution", 0) or 64))
+    elif name in ("multicam", "recam_folder"):
+        from ddpo_grpo.worlds.recam.multicam import MultiCamConditions, RecamFolder
+
+        p, d = config.pretrained, config.data
+        res = int(p.get("resolution", 0) or 0)
+        size = dict(num_frames=int(p.get("num_frames", 0) or 81), height=int(p.get("height", 0) or res or 480),
+                    width=int(p.get("width", 0) or res or 832))
+        if not d.get("root", ""):
+            raise ConfigError(f"data.name={name!r} needs data.root=DIR")
+        if name == "multicam":  # split by scene: held-out scenes are never trained
+            ds = MultiCamConditions(d.root, split, eval_fraction=float(d.get("eval_fraction", 0.1)),
+                                    max_bad_fraction=float(d.get("max_bad_fraction", 0.1)), **size)
+        else:
+            ds = RecamFolder(d.root, str(d.get("cameras", "all")), **size)
     else:
-        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file', 'recam' or 'recam_video'")
+        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file', 'recam', 'recam_video', "
+                          "'multicam' or 'recam_folder'")
     return _subset(ds, config.data.num_conditions, config.seed) if split == "train" else ds
 
 

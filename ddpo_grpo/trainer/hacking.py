@@ -180,6 +180,7 @@ def write_best_export(ctx) -> str:
     out = os.path.join(ctx.run_dir, BEST_GOLD_EXPORT)
     tmp, old = out + ".tmp", out + ".old"
     if acc.is_main_process:
+        restore_best_export(ctx.run_dir)
         shutil.rmtree(tmp, ignore_errors=True)
     acc.wait_for_everyone()
     write_model_export(ctx, ctx.pipe.family, tmp)
@@ -193,8 +194,17 @@ def write_best_export(ctx) -> str:
     return out
 
 
+def restore_best_export(run_dir: str) -> None:
+    """A kill between write_best_export's two renames leaves the previous best only as best_gold_export.old: put it
+    back (the main process, before the next write and when summary.json is written)."""
+    out = os.path.join(run_dir, BEST_GOLD_EXPORT)
+    if not os.path.isdir(out) and os.path.isdir(out + ".old"):
+        os.replace(out + ".old", out)
+
+
 def summary_fields(ctx) -> dict:
     """summary.json's "alarms", "best_gold" and "evals" (proxy, gold, drift per eval)."""
+    restore_best_export(ctx.run_dir)  # called by the main process only (reporting.finish)
     g = guard_state(ctx)
     return {"alarms": list(g["alarms"]), "best_gold": g["best_gold"], "evals": list(g["evals"])}
 

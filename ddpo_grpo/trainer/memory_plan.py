@@ -50,6 +50,10 @@ class ModelCounts:
     act_bytes_ckpt: Optional[int]  # the same with gradient checkpointing: block inputs + the largest block's
     # recompute (None: not counted, count_model's only_configured)
     sample_shape: Tuple[int, ...] = ()  # the denoised sample's (C, [F,] H, W), for the reader
+    act_precision: str = "no"  # the precision act_bytes* were counted in ("bf16"/"fp16": under autocast's rules)
+    trained_steps: int = 1  # trainable stored steps per sample (sampler's columns with std >= train.min_step_std)
+    sampling_bytes: Optional[int] = None  # working set of one no-grad sampling call (all its rows, CFG included)
+    decode_bytes: Optional[int] = None  # working set of decoding one sampling batch (a video: all its frames)
 
 
 @dataclass
@@ -59,9 +63,16 @@ class Settings:
     gradient_checkpointing: bool = False
     cache_embeddings: bool = False  # text encoders off the device while training
     offload: bool = False  # VAE off the device while training
-    train_batch_size: int = 1
-    rows_per_sample: int = 1  # denoiser rows per sample in a training call: x2 CFG, x timesteps_per_call
+    train_batch_size: int = 1  # samples in the largest training call
+    steps_per_call: int = 1  # timesteps stacked per sample in that call (the auto probe's largest: all trained)
+    train_cfg: int = 1  # 2 where the training forward runs CFG's two halves as one batch (train.cfg, guidance != 1)
+    sample_rows: int = 0  # rows of a sampling call: sample.batch_size x 2 under CFG (planned from counts)
     reference_copies: int = 0  # EMA copies of the trainable parameters: KL reference (beta > 0), NFT's old policy
+
+    @property
+    def train_rows(self) -> int:
+        """Denoiser rows of the largest training call: train_batch_size x steps_per_call x train_cfg."""
+        return self.train_batch_size * self.steps_per_call * self.train_cfg
 
 
 @dataclass
@@ -116,10 +127,28 @@ def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
     emb = c.num_prompts * c.condition_elems * float(base_bytes)
     rows.append((f"prompt embeddings ({c.num_prompts} prompts)" + (" on the host" if s.cache_embeddings else ""),
                  0.0 if s.cache_embeddings else emb))
-    per_sample = (c.act_bytes_ckpt if s.gradient_checkpointing else c.act_bytes) * run / 4.0 * s.rows_per_sample
-    rows.append((f"activations {per_sample / GiB:.2f} GiB/sample x train.batch_size {s.train_batch_size}"
-                 + (" (grad. ckpt)" if s.gradient_checkpointing else ""), per_sample * s.train_batch_size))
+    rows += phases(c, s)
     return rows
+
+
+def phases(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
+    """The phases' working sets, of which only the largest is held at once (each frees its tensors before the next):
+    the training call's activations (per row x train_rows), a sampling call and the decode of a sampling batch (no
+    grad). Rows: the largest as counted, the others at 0 bytes with their size in the label."""
+    act = c.act_bytes_ckpt if s.gradient_checkpointing else c.act_bytes
+    if c.act_precision != s.precision:  # counted in another precision: scale by the element size (approximate)
+        act = act * DTYPE_BYTES[s.precision] / DTYPE_BYTES[c.act_precision]
+    factors = f"{s.train_batch_size} x {s.steps_per_call} step{'s' if s.steps_per_call > 1 else ''}" + (
+        " x 2 CFG" if s.train_cfg == 2 else "")
+    out = [(f"activations {act / GiB:.2f} GiB/row x {s.train_rows} rows ({factors})"
+            + (" (grad. ckpt)" if s.gradient_checkpointing else ""), float(act) * s.train_rows)]
+    if c.sampling_bytes is not None and s.sample_rows:
+        out.append((f"sampling call, no grad ({s.sample_rows} rows)", float(c.sampling_bytes)))
+    if c.decode_bytes is not None:
+        out.append(("VAE decode of a sampling batch, no grad", float(c.decode_bytes)))
+    peak = max(range(len(out)), key=lambda i: out[i][1])
+    return [(label, b) if i == peak else (f"{label}: {b / GiB:.2f}, below the peak phase", 0.0)
+            for i, (label, b) in enumerate(out)]
 
 
 def host(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
@@ -234,19 +263,40 @@ def _environ(env):
         os.environ.update(saved)
 
 
-def settings_of(config, precision: str) -> Settings:
-    """The plan's Settings for a config: rows per sample of a training call (CFG doubles them for the clipped-ratio
-    loss; timesteps_per_call stacks timesteps, the auto probe planned at 1), reference copies (beta > 0, NFT's old
-    policy), the memory switches of issue 38 (data.cache_embeddings, pretrained.offload) where the config has them."""
+def training_call(config, trained_steps: int) -> Tuple[int, int]:
+    """(samples b, timesteps S) of the largest training call, from the functions that make the calls
+    (trainer/training.py): training_calls' plan at train.timesteps_per_call, or under 0 (auto) at the probe's
+    largest size, all trained steps in one call (probe_sizes; the probe runs it at real shape, so it is the peak);
+    one column per row for branched trajectories (cell_training_calls). trained_steps: trainable stored steps per
+    sample (ModelCounts.trained_steps); N: sample.batch_size x num_batches_per_epoch samples per process."""
+    from .training import cell_training_calls, probe_sizes, steps_per_sample, training_calls
+
+    N = int(config.sample.batch_size) * int(config.sample.num_batches_per_epoch)
+    if config.sample.get("branch_steps", ()):
+        calls, _ = cell_training_calls(torch.ones(N, trained_steps, dtype=torch.bool), config, 0, 0, 0)
+    else:
+        per_call = int(config.train.timesteps_per_call) or max(probe_sizes(steps_per_sample(trained_steps, config)))
+        calls, _ = training_calls(N, trained_steps, config, 0, 0, 0, per_call)
+    return max((len(idx), cols.shape[1]) for idx, cols in calls)
+
+
+def settings_of(config, precision: str, trained_steps: int = 1) -> Settings:
+    """The plan's Settings for a config: the largest training call's rows (training_call's b x S, x2 where training
+    runs CFG's two halves as one batch: train.cfg and sample.guidance_scale != 1, as train_epoch and
+    core.policy_step.denoiser_output do), a sampling call's rows (sample.batch_size, x2 under CFG), reference copies
+    (beta > 0, NFT's old policy), the memory switches of issue 38 (data.cache_embeddings, pretrained.offload) where
+    the config has them. The forward objectives (raft, nft) train one row per sample."""
     t = config.train
     grpo = t.get("objective", "grpo") == "grpo"
-    cfg = 2 if (grpo and t.cfg and float(config.sample.guidance_scale) != 1.0) else 1
+    guided = float(config.sample.guidance_scale) != 1.0
+    b, S = training_call(config, trained_steps) if grpo else (int(t.batch_size), 1)
     copies = int(t.beta > 0) + int(t.get("objective", "grpo") == "nft" and t.get("nft_old_decay", 0.0) > 0)
     return Settings(precision=precision, use_lora=bool(config.use_lora),
                     gradient_checkpointing=bool(config.gradient_checkpointing),
                     cache_embeddings=bool(config.data.get("cache_embeddings", False)),
-                    offload=bool(config.pretrained.get("offload", False)), train_batch_size=int(t.batch_size),
-                    rows_per_sample=cfg * (max(1, int(t.timesteps_per_call)) if grpo else 1), reference_copies=copies)
+                    offload=bool(config.pretrained.get("offload", False)), train_batch_size=b, steps_per_call=S,
+                    train_cfg=2 if (grpo and t.cfg and guided) else 1,
+                    sample_rows=int(config.sample.batch_size) * (2 if guided else 1), reference_copies=copies)
 
 
 def precision_of(config, environ=None) -> str:
@@ -285,8 +335,8 @@ def report(config, environ=None) -> List[str]:
     engine = launch_engine(environ)
     precision = precision_of(config, environ)
     capacity = device_memory_gib(config)
-    counts = count_model(config, only_configured=capacity is None)  # no verdict: no search, count what it reads
-    s = settings_of(config, precision)
+    counts = count_model(config, only_configured=capacity is None, precision=precision)  # no verdict: no
+    s = settings_of(config, precision, counts.trained_steps)  # search, count what it reads
     rows = plan(counts, s, engine)
     lines = format_plan(rows, engine, precision)
     held = host(counts, s)

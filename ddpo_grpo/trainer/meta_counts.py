@@ -11,9 +11,11 @@ their inputs, and the backward recomputes one block at a time, so the largest bl
 from __future__ import annotations
 
 import contextlib
-from typing import Dict
+import weakref
+from typing import Dict, Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpo_grpo.models.base import inner_model
 
@@ -94,8 +96,11 @@ def meta_pipeline(config):
 
 
 def _flash_sdpa(*args, **kwargs):
-    """scaled_dot_product_attention on meta tensors, saving what the fused kernels save (q, k, v, out, logsumexp)."""
+    """scaled_dot_product_attention on meta tensors, saving what the fused kernels save (q, k, v, out, logsumexp);
+    under an emulated autocast q, k, v are cast to its dtype first, as autocast casts them."""
     q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")[len(args):]])[:3]
+    if _EMULATED[0] is not None:
+        q, k, v = (_EMULATED[0].cast(a, _EMULATED[0].low) for a in (q, k, v))
 
     class FusedAttention(torch.autograd.Function):
         @staticmethod
@@ -112,12 +117,58 @@ def _flash_sdpa(*args, **kwargs):
     return FusedAttention.apply(q, k, v)
 
 
+# CUDA autocast's op lists (torch/csrc/autograd/autocast_mode.cpp), the ops a denoiser's forward calls: these run in
+# the low dtype (inputs cast to it) ...
+AUTOCAST_LOW = frozenset(("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                          "linear", "matmul", "__matmul__", "mm", "bmm", "baddbmm", "addmm", "addbmm", "einsum"))
+# ... and these in fp32 (inputs cast up: a norm after a bf16 conv saves an fp32 copy of its input). Anything else
+# runs in its inputs' widest dtype (a bf16 + fp32 residual add is fp32), as under autocast.
+AUTOCAST_FP32 = frozenset(("group_norm", "layer_norm", "rms_norm", "softmax", "log_softmax"))
+_EMULATED = [None]  # the AutocastEmulation in force (read by _flash_sdpa)
+
+
+class AutocastEmulation(torch.overrides.TorchFunctionMode):
+    """CUDA autocast's dtype rules on any device, meta included (autocast itself acts only on its device's tensors),
+    applied above autograd, so that the tensors autograd saves have the dtypes they have in a bf16 / fp16 run.
+    Why: under autocast a norm keeps an fp32 copy of its input and its fp32 output feeds the activation function, so
+    a bf16 run saves about 0.8x the fp32 bytes, not half (measured on an H100: sd15 at 512 px, issue 50). Parameters
+    are cast once (autocast's weight cache) and their casts are not activations (`skip`)."""
+
+    def __init__(self, low: torch.dtype):
+        super().__init__()
+        self.low = low
+        self.skip: Dict[int, torch.Tensor] = {}  # id -> a parameter's cast (kept alive so that ids stay unique)
+        self._weights: Dict[int, torch.Tensor] = {}
+
+    def cast(self, t, dtype):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype == dtype:
+            return t
+        if isinstance(t, torch.nn.Parameter):
+            key = (id(t), dtype)
+            if key not in self._weights:
+                self._weights[key] = t.to(dtype)
+                self.skip[id(self._weights[key])] = self._weights[key]
+            return self._weights[key]
+        return t.to(dtype)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        dtype = self.low if name in AUTOCAST_LOW else torch.float32 if name in AUTOCAST_FP32 else None
+        if dtype is not None:
+            from torch.utils._pytree import tree_map
+
+            args, kwargs = tree_map(lambda a: self.cast(a, dtype), (args, kwargs))
+        return func(*args, **kwargs)
+
+
 class SavedBytes:
     """Bytes of the tensors autograd saves inside it (parameters excluded, each tensor once); with `blocks`, the
     saved bytes of each gradient-checkpointed block are kept apart (`block_max`) and only the blocks' inputs count
     in `outside`."""
 
-    def __init__(self):
+    def __init__(self, low: Optional[torch.dtype] = None):
+        self.autocast = AutocastEmulation(low) if low is not None else None
         self.seen: Dict[int, torch.Tensor] = {}
         self.outside = 0
         self.block_max = 0
@@ -127,7 +178,8 @@ class SavedBytes:
         if isinstance(t, torch.nn.Parameter):
             return
         base = t if t._base is None else t._base  # a view holds its base's memory: count each base once
-        if id(base) in self.seen or isinstance(base, torch.nn.Parameter):
+        if id(base) in self.seen or isinstance(base, torch.nn.Parameter) or (
+                self.autocast is not None and id(base) in self.autocast.skip):
             return
         self.seen[id(base)] = base  # kept alive so that an id is never reused within the count
         n = base.numel() * base.element_size()
@@ -153,19 +205,23 @@ class SavedBytes:
 
         sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = _flash_sdpa
+        _EMULATED[0] = self.autocast
         try:
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: self._add(t) or t, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: self._add(t) or t, lambda t: t), \
+                    (self.autocast or contextlib.nullcontext()):
                 yield self
         finally:
             F.scaled_dot_product_attention = sdpa
+            _EMULATED[0] = None
 
 
-def activation_bytes(unet, inputs, checkpointing: bool) -> int:
-    """Bytes saved for backward by one training forward of `unet` on `inputs` (x, t, cond: denoiser_inputs) at its
-    parameters' dtype, every parameter trainable; with `checkpointing`, block inputs + the largest block's bytes.
-    Any device: on "meta" nothing is computed."""
+def activation_bytes(unet, inputs, checkpointing: bool, precision: str = "no") -> int:
+    """Bytes saved for backward by one training forward of `unet` on `inputs` (x, t, cond: denoiser_inputs; their
+    leading dim is the rows) every parameter trainable, in fp32 ("no") or under autocast to bf16 / fp16 (emulated:
+    AutocastEmulation); with `checkpointing`, block inputs + the largest block's bytes. Any device: on "meta" nothing
+    is computed."""
     unet.requires_grad_(True)
-    counter = SavedBytes()
+    counter = SavedBytes({"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision))
     if checkpointing:
         unet.enable_gradient_checkpointing(gradient_checkpointing_func=counter.checkpoint)
     p = next(unet.parameters())
@@ -195,10 +251,47 @@ def lora_count(pipe, config) -> int:
     return _numel(denoiser) - before
 
 
-def count_model(config, pipe=None, only_configured: bool = False) -> ModelCounts:
+def trained_steps(config, pipe) -> int:
+    """Trainable stored steps per sample: the sampler's stored columns (its stochastic steps, or an SDE window's, the
+    most of any window position) whose std is >= train.min_step_std (training.trainable_columns' rule, on the
+    schedule's stds: ModelFamily.step_stds, no model)."""
+    from types import SimpleNamespace
+
+    from ddpo_grpo.core.policy_step import schedule_stds
+
+    from .sampling import sampler_settings, stochastic_steps
+    from .training import trainable_columns
+
+    n = stochastic_steps(config, pipe.family, pipe.scheduler)
+    stds = schedule_stds(pipe.scheduler, sampler_settings(config, pipe.family), int(config.sample.num_steps))
+    w = int(config.sample.get("sde_window_size", 0) or 0)
+    windows = [range(a, a + w) for a in range(n - w + 1)] if w else [range(n)]
+    return max(len(trainable_columns(SimpleNamespace(log_probs=torch.empty(0, len(r)), step_std=stds[list(r)]),
+                                     config)) for r in windows)
+
+
+def phase_bytes(config, pipe, precision: str) -> tuple:
+    """(sampling, decode): the no-grad working sets of one sampling call (sample.batch_size rows, x2 under CFG) and
+    of decoding one sampling batch through core.pipeline_with_logprob.decode (a video: every frame), on meta."""
+    from ddpo_grpo.core.pipeline_with_logprob import decode
+
+    B = int(config.sample.batch_size)
+    rows = B * (2 if float(config.sample.guidance_scale) != 1.0 else 1)
+    x, t, cond = denoiser_inputs(pipe, rows)
+    p = next(pipe.unet.parameters())
+    sampling = nograd_peak_bytes(lambda: pipe.unet(x.to(p), t, encoder_hidden_states=cond.to(p)), precision)
+    decoding = None
+    if pipe.vae is not None:
+        z = torch.zeros(B, *pipe.sample_shape, device="meta")
+        decoding = nograd_peak_bytes(lambda: decode(pipe.vae, z), precision)
+    return sampling, decoding
+
+
+def count_model(config, pipe=None, only_configured: bool = False, precision: str = "no") -> ModelCounts:
     """ModelCounts of the config's model at its resolution / frames (meta device; module docstring); `pipe`: a meta
     pipeline to count instead of the config's model (configured here). only_configured: skip what the config's own
-    plan does not read (the other activation count, LoRA when it trains fully: None), as a run without a verdict."""
+    plan does not read (the other activation count, LoRA when it trains fully: None), as a run without a verdict.
+    precision: the run's ("no", "bf16", "fp16"); activations and phases are counted under its autocast rules."""
     from ddpo_grpo.models.base import component_dtype
 
     from .data import build_dataset
@@ -221,11 +314,59 @@ def count_model(config, pipe=None, only_configured: bool = False) -> ModelCounts
     L, D = condition_shape(pipe)
     prompts = 1 + sum(len(build_dataset(config, split)) for split in ("train", "eval"))
     inputs = denoiser_inputs(pipe)
-    act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt)
+    sampling, decoding = phase_bytes(config, pipe, precision)
+    act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt, precision)
                      if not only_configured or ckpt == bool(config.gradient_checkpointing) else None
                      for ckpt in (False, True))
     lora = lora_count(pipe, config) if config.use_lora or not only_configured else None
     return ModelCounts(denoiser=n_denoiser, lora=lora, full_trainable=full, text_encoders=encoders,
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
-                       act_bytes=act, act_bytes_ckpt=act_ckpt, sample_shape=tuple(pipe.sample_shape))
+                       act_bytes=act, act_bytes_ckpt=act_ckpt, sample_shape=tuple(pipe.sample_shape),
+                       act_precision=precision, trained_steps=trained_steps(config, pipe), sampling_bytes=sampling,
+                       decode_bytes=decoding)
 
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by tensors made inside it (each new storage from its creation until its last Python
+    reference goes; views are not new storage). Valid for no-grad work only: a tensor autograd saves for backward
+    outlives its Python object, which this cannot see."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for ret, t in zip(func._schema.returns, outs):
+            if isinstance(t, torch.Tensor) and ret.alias_info is None:  # an alias (view, in-place) is not new memory
+                n = t.untyped_storage().nbytes()
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, n)
+        return out
+
+
+def nograd_peak_bytes(fn, precision: str = "no") -> int:
+    """Peak bytes of the tensors `fn()` makes under no_grad (its inputs and parameters excluded: made before), in
+    fp32 or under emulated autocast (AutocastEmulation): the working set of a sampling call or a VAE decode. Meta."""
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    emulation = AutocastEmulation(low) if low is not None else contextlib.nullcontext()
+    live = LiveBytes()
+    import torch.nn.functional as F
+
+    sdpa = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _flash_sdpa  # no L x L matrix, as the fused kernels
+    _EMULATED[0] = emulation if low is not None else None
+    try:
+        with torch.no_grad(), emulation, live:
+            fn()
+    finally:
+        F.scaled_dot_product_attention = sdpa
+        _EMULATED[0] = None
+    return live.peak

@@ -27,6 +27,8 @@ METRIC_RULES = {
     "loss_sup": "mean",  # the supervised term, per call
     "kl_untrained": "mean",  # train.kl_steps "all": per micro-batch, over its samples
     "onpolicy_ratio_max_dev": "max",  # max |r - 1| before the epoch's first optimizer step
+    "sampler_is_weight": "mean",  # train.sampler_is_cap: the truncated weight pi_trainer / pi_sampler, per call
+    "old_logprobs_rescored": "shared",  # 1: the ratio's old log-probs were re-scored (train.old_logprobs), 0: sampler's
     "grad_norm": "mean",  # per optimizer step taken (the same on every process); a non-finite one is not averaged in
     "nonfinite_loss": "sum",  # calls whose loss was not finite (skipped)
     "skipped_steps": "steps",  # optimizer steps skipped for a non-finite gradient norm: counted, not in grad_norm

@@ -13,18 +13,25 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ddpo_grpo.core.policy_step import StepResult, policy_step
 from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 from .build import adapt_lr_scale
 from .metrics import EpochMetrics
-from .verification import check_onpolicy
+from .rescoring import (call_inputs, gather_sampler_gap, rescore_old_logprobs, sampler_gap, score,
+                        truncated_is_weight)
+from .verification import check_onpolicy, run_old_logprobs
 
 
 def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
     """A zero with a graph to every parameter: keeps DDP's reducer in step when a call has nothing to train."""
     return sum(p.reshape(-1)[0] * 0.0 for p in params)
+
+
+def probe_sizes(T_train: int) -> List[int]:
+    """The timesteps per call the auto probe tries, ascending: 1, 2, 4, 8 and T_train (all trained steps in one call:
+    the largest call, which the memory plan plans for), those <= T_train."""
+    return sorted({s for s in (1, 2, 4, 8, T_train) if s <= T_train})
 
 
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
@@ -40,14 +47,14 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
     mask = torch.ones(N, dtype=torch.bool)
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     best, best_t = 1, float("inf")
-    for S in sorted({s for s in (1, 2, 4, 8, T_train) if s <= T_train}):  # T_train: all trained steps in one call
+    for S in probe_sizes(T_train):
         idx = torch.arange(b)
         cols = torch.stack([torch.arange(S) % T for _ in range(b)])
         times = []
         for _ in range(2):  # the first call pays for allocation; keep the faster
             t0 = time.perf_counter()
             loss, _, _ = _call_loss(ctx, settings, samples, adv.to(ctx.accelerator.device),
-                                    mask.to(ctx.accelerator.device), idx, cols, None, params)
+                                    mask.to(ctx.accelerator.device), idx, cols, None, params, samples.log_probs)
             loss.backward()
             times.append((time.perf_counter() - t0) / (b * S))
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -173,14 +180,23 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     first = None  # (idx, cols, step mean, std) of the epoch's first call, under the sampling policy
     worst = (-1.0, 0, 0)  # (max |r - 1|, sample, column) of the calls before the first optimizer step
     untrained = untrained_columns(samples, config) if config.train.get("kl_steps", "trained") == "all" else None
+    plans = []  # every inner epoch's call plan, fixed before the first update (the re-score scores exactly these)
     for inner in range(config.train.num_inner_epochs):
         if adv.cell_mask is None:
-            calls, per_mb = training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
-                                           trainable_columns(samples, config))
+            plans.append(training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
+                                        trainable_columns(samples, config)))
         else:
             owners = torch.from_numpy(ctx.tree.owner_cells(N))
-            calls, per_mb = cell_training_calls(owners, config, epoch, inner, acc.process_index,
-                                                trainable_columns(samples, config))
+            plans.append(cell_training_calls(owners, config, epoch, inner, acc.process_index,
+                                             trainable_columns(samples, config)))
+    rescored = run_old_logprobs(config, acc) == "rescore"
+    if rescored:  # train.old_logprobs: the ratio's old log-probs through the training calls themselves (rescoring.py)
+        old_tables = rescore_old_logprobs(ctx, settings, samples, [calls for calls, _ in plans])
+        gap = gather_sampler_gap(acc, *sampler_gap(old_tables[0], samples.log_probs, mask))
+    else:
+        old_tables, gap = [samples.log_probs] * len(plans), {}
+    cap = float(config.train.get("sampler_is_cap", 0.0))
+    for inner, (calls, per_mb) in enumerate(plans):
         if untrained is not None:  # which untrained step each sample gets: seeded like the call plan
             g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
                                                   .integers(2**62)))
@@ -200,7 +216,8 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                         acc.backward(config.train.beta * kl_u / len(chunk))
                     metrics.add("kl_untrained", float(kl_u.detach()), len(idx))
                 with sync:
-                    loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params)
+                    loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params,
+                                              old_tables[inner], cap if rescored else 0.0)
                     acc.backward(loss / len(chunk))
                 rows = m.pop("_rows", 0.0)
                 ratio_dev, ratio_at = m.pop("_ratio_dev", None), m.pop("_ratio_worst", None)
@@ -215,7 +232,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                     if ci == 0:
                         first = (idx, cols, res.mean.detach().float(), res.std.detach())
             if inner == 0 and start == 0:  # before the first update: a mismatch stops here (train.onpolicy_check)
-                check_onpolicy(ctx, worst, samples, epoch)
+                check_onpolicy(ctx, worst, samples, epoch, rescored)
             optimizer_step(ctx, params, metrics)
     shift = policy_shift_kl(ctx, settings, samples, *first)
     metrics.add("policy_shift_kl", shift)
@@ -228,18 +245,24 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     metrics.add("lr_scale", ctx.state.lr_scale)
     metrics.add("lr", ctx.lr_scheduler.get_last_lr()[0])
     metrics.add("timesteps_per_call", float(per_call))
-    return metrics.reduce(acc)
+    metrics.add("old_logprobs_rescored", float(rescored))
+    out = metrics.reduce(acc)
+    out.update(gap)  # sampler_gap_max / _mean, and per stored column (gathered in rescoring.gather_sampler_gap)
+    return out
 
 
-def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params):
-    """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows.
+def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params, old_table, is_cap=0.0):
+    """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows; the ratio's
+    old log-probs from old_table (N, T): the sampler's (samples.log_probs) or the re-scored ones. is_cap > 0: each row's
+    policy term weighed by min(exp(old - logp_sampler), is_cap) (train.sampler_is_cap).
     Returns (loss, metrics, the policy's StepResult on those rows). metrics: grpo_loss's (means over the kept
     rows), loss_sup, and privately _rows (the kept rows, their weight in the epoch's mean), _ratio_dev and _ratio_worst
     (max exp(|logp - logp_old|) - 1 over the kept rows, and its (sample, column))."""
     config, acc = ctx.config, ctx.accelerator
     device = acc.device
-    rows, c, inputs = _call_inputs(ctx, settings, samples, idx, cols)
-    old = samples.log_probs[rows, c].to(device)
+    rows, c, inputs = call_inputs(ctx, settings, samples, idx, cols)
+    old = old_table[rows, c].to(device)
+    weights = truncated_is_weight(old_table[rows, c], samples.log_probs[rows, c], is_cap).to(device) if is_cap > 0 else None
     a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
     keep = mask[rows.to(device)] if mask.ndim == 1 else mask[rows.to(device), c.to(device)]
     ref_res = None
@@ -247,9 +270,9 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         # The reference is swapped into the policy's parameters in place, so its forward must come
         # before the policy forward whose graph we backpropagate.
         with torch.no_grad(), ctx.reference.swapped(), acc.autocast():
-            ref_res = _score(ctx, settings, inputs)
+            ref_res = score(ctx, settings, inputs)
     with acc.autocast():
-        res = _score(ctx, settings, inputs)
+        res = score(ctx, settings, inputs)
     ref = None
     if ref_res is not None:
         ref = KLInputs(mean=res.mean[keep], ref_mean=ref_res.mean[keep], std=res.std[keep] if res.std.ndim else res.std,
@@ -258,10 +281,13 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
     if keep.any():
         loss, m = grpo_loss(res.log_prob[keep], old[keep], a[keep], config.train.clip_range,
                             adv_clip_max=config.train.adv_clip_max, ref=ref, beta=config.train.beta,
-                            kl_type=config.train.kl_type, clip_range_high=clip_high)
+                            kl_type=config.train.kl_type, clip_range_high=clip_high,
+                            weights=None if weights is None else weights[keep])
         metrics = {k: float(v) for k, v in m.items()}
         metrics["loss"] = loss.item()
         metrics["_rows"] = float(keep.sum())
+        if weights is not None:
+            metrics["sampler_is_weight"] = float(weights[keep].mean())
         # exp(|logp - logp_old|) - 1 of every kept row (>= |r - 1|): before the first optimizer step these must all be
         # 0 (verification.check_onpolicy). NaN rows are left out: a non-finite loss is counted below.
         d = (res.log_prob[keep].detach().float() - old[keep].float()).abs()
@@ -287,41 +313,14 @@ def untrained_kl(ctx, settings, samples, idx, cols) -> torch.Tensor:
     """train.kl_steps = "all": the Gaussian KL to the reference (mean over dims and rows) of samples idx (b,) at
     untrained timestep columns cols (b, 1). The std is clamped below at train.min_step_std: the near-deterministic
     last steps (std ~ 0.005) would otherwise weigh 1/std^2 ~ 1e4 times more, the reason they are not trained."""
-    inputs = _call_inputs(ctx, settings, samples, idx, cols)[2]
+    inputs = call_inputs(ctx, settings, samples, idx, cols)[2]
     with torch.no_grad(), ctx.reference.swapped(), ctx.accelerator.autocast():
-        ref = _score(ctx, settings, inputs)  # before the policy forward: the reference is swapped in in place
+        ref = score(ctx, settings, inputs)  # before the policy forward: the reference is swapped in in place
     with ctx.accelerator.autocast():
-        res = _score(ctx, settings, inputs)
+        res = score(ctx, settings, inputs)
     std = torch.as_tensor(res.std, dtype=torch.float32).clamp(min=float(ctx.config.train.min_step_std))
     kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=ref.mean.float(), std=std), "gaussian")
     return kl.mean()
-
-
-def _call_inputs(ctx, settings, samples, idx, cols):
-    """The rows of one call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows.
-    Returns (rows (b*S,), columns (b*S,), policy_step's inputs (x, prev_sample, t, step_index, embeds,
-    neg_embeds, cond_channels))."""
-    device = ctx.accelerator.device
-    S = cols.shape[1]
-    rows = idx.repeat_interleave(S)
-    c = cols.reshape(-1)
-    src, dst = samples.step_states(c)
-    x = samples.latents[rows, src].to(device)
-    nxt = samples.latents[rows, dst].to(device)
-    t = samples.timesteps[c].to(device)
-    si = samples.step_indices[c]
-    emb = samples.embeds[rows].to(device)
-    neg = samples.neg_embeds[rows].to(device) if samples.neg_embeds is not None and settings.guidance_scale != 1.0 else None
-    cond = samples.cond_channels[rows].to(device) if samples.cond_channels is not None else None
-    return rows, c, (x, nxt, t, si, emb, neg, cond)
-
-
-def _score(ctx, settings, inputs) -> StepResult:
-    """policy_step on a call's stored transitions (x_t -> x_prev, from _call_inputs) with the unet's current
-    weights: the policy's log-probs and means, or the reference's when it is swapped in."""
-    x, nxt, t, si, emb, neg, cond = inputs
-    return policy_step(ctx.unet, ctx.pipe.scheduler, settings, x, t, si, emb, neg, prev_sample=nxt,
-                       cond_channels=cond)
 
 
 def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor, std) -> float:
@@ -333,7 +332,7 @@ def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor
     it (and the clipped ratio, and approx_kl) by ~1e-3 at most; with one optimizer step per epoch the ratio is
     exactly 1 at every call. This KL is what a trust region on these steps has to bound (docs/efficacy.md)."""
     with torch.no_grad(), ctx.accelerator.autocast():
-        res = _score(ctx, settings, _call_inputs(ctx, settings, samples, idx, cols)[2])
+        res = score(ctx, settings, call_inputs(ctx, settings, samples, idx, cols)[2])
     kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=mean_before, std=std), "gaussian")
     # every process must see the same value (train.target_shift_kl sets each process's lr from it)
     return float(ctx.accelerator.gather(kl.mean().reshape(1)).mean())

@@ -224,10 +224,10 @@ def check_onpolicy_config(config) -> None:
         raise ConfigError(f"train.onpolicy_check={mode!r}; choose one of {ONPOLICY_CHECKS}")
 
 
-def run_tolerance(config, accelerator) -> Tuple[float, str]:
-    """(core.loss.onpolicy_tolerance for this run, its dtype in words): the run computes in accelerate's mixed
-    precision; float32 on CUDA runs TF32 kernels when torch allows them (config.allow_tf32, cuDNN's default), and on
-    Ascend NPUs HF32 convolutions (torch_npu's torch.npu.conv.allow_hf32, on unless turned off)."""
+def run_precision(accelerator) -> Tuple[torch.dtype, bool]:
+    """(the dtype the run computes in, whether float32 runs reduced-precision kernels): accelerate's mixed precision;
+    float32 on CUDA runs TF32 kernels when torch allows them (config.allow_tf32, cuDNN's default), and on Ascend NPUs
+    HF32 convolutions (torch_npu's torch.npu.conv.allow_hf32, on unless turned off)."""
     from ddpo_grpo.models.base import run_dtype
 
     dtype = run_dtype(accelerator.mixed_precision)
@@ -235,15 +235,30 @@ def run_tolerance(config, accelerator) -> Tuple[float, str]:
     npu_conv = getattr(getattr(torch, "npu", None), "conv", None)
     tf32 = ((kind == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32))
             or (kind == "npu" and bool(getattr(npu_conv, "allow_hf32", True))))
+    return dtype, tf32
+
+
+def run_tolerance(config, accelerator) -> Tuple[float, str]:
+    """(core.loss.onpolicy_tolerance for this run, its dtype in words), from run_precision."""
+    dtype, tf32 = run_precision(accelerator)
     name = str(dtype).replace("torch.", "") + (" with TF32 kernels" if tf32 and dtype == torch.float32 else "")
     return onpolicy_tolerance(dtype, config.train.clip_range, tf32), name
 
 
-def check_onpolicy(ctx, worst: Tuple[float, int, int], samples, epoch: int) -> Optional[str]:
+def run_old_logprobs(config, accelerator) -> str:
+    """This run's train.old_logprobs, "auto" resolved (rescoring.old_logprobs_source): "rescore" or "sampling"."""
+    from .rescoring import old_logprobs_source
+
+    dtype, tf32 = run_precision(accelerator)
+    return old_logprobs_source(config, dtype != torch.float32 or tf32, torch.device(accelerator.device).type != "cpu")
+
+
+def check_onpolicy(ctx, worst: Tuple[float, int, int], samples, epoch: int, rescored: bool = False) -> Optional[str]:
     """The on-policy check: worst = (max |r - 1|, sample index, stored column) of this process's first calls before
     the epoch's first optimizer step (dev < 0: no kept row). A collective (one gather), so every process reaches the
     same verdict and stops together. Above the tolerance: train.onpolicy_check "stop" raises VerificationError (exit
-    2), "warn" prints the line and returns it; None when within it or "off"."""
+    2), "warn" prints the line and returns it; None when within it or "off". rescored: the old log-probs came from
+    rescoring (train.old_logprobs), i.e. the same calls: the line then names what can make one call differ from itself."""
     config, acc = ctx.config, ctx.accelerator
     mode = config.train.get("onpolicy_check", "stop")
     if mode == "off":
@@ -262,17 +277,22 @@ def check_onpolicy(ctx, worst: Tuple[float, int, int], samples, epoch: int) -> O
     s = config.sample
     cfg = (f"CFG (sampled with sample.guidance_scale={s.guidance_scale} but trained without it: train.cfg=False)"
            if s.guidance_scale != 1.0 and not config.train.cfg else "CFG differing between sampling and training")
-    rounding = ("rounding differs between call shapes: sample.batch_size = train.batch_size and "
-                "train.timesteps_per_call=1 give training sampling's shapes" if dtype != "float32" else
-                "float32 re-scoring differs by ~1e-6 only")
-    msg = (f"on-policy check failed in epoch {epoch} before any update: |r - 1| = {dev:.3g} at denoising step "
-           f"{int(step)} (timestep {t:g}), sample {int(i)} of process {int(rank)} (condition {int(key)}), above the "
-           f"{dtype} tolerance {tol:.1e} (core.loss.onpolicy_tolerance, clip_range {config.train.clip_range:g}); "
-           f"sampling and training score the same transition differently. Likely causes: {cfg}; the dtype "
-           f"(mixed_precision {acc.mixed_precision or 'no'}: {rounding}); scheduler settings "
-           "(eta / noise_level / sde_type / shift) changed between sampling and training; a condition (prompt "
-           "embedding, conditioning channels) other than the one sampled with; dropout in the denoiser's train mode. "
-           "train.onpolicy_check='warn' continues anyway")
+    rounding = ("rounding differs between call shapes: train.old_logprobs='rescore' scores the old log-probs "
+                "through the training calls" if dtype != "float32" else "float32 re-scoring differs by ~1e-6 only")
+    where = (f"on-policy check failed in epoch {epoch} before any update: |r - 1| = {dev:.3g} at denoising step "
+             f"{int(step)} (timestep {t:g}), sample {int(i)} of process {int(rank)} (condition {int(key)}), above the "
+             f"{dtype} tolerance {tol:.1e} (core.loss.onpolicy_tolerance, clip_range {config.train.clip_range:g}); ")
+    if rescored:  # the old log-probs are these very calls' before the update: only nondeterminism can differ
+        msg = (where + "the old log-probs were re-scored through these same training calls (train.old_logprobs), so "
+               "one call gave two results. Likely causes: dropout active in the denoiser's train mode (LoRA or "
+               "attention dropout); nondeterministic kernels (torch.use_deterministic_algorithms(True) names them). "
+               "train.onpolicy_check='warn' continues anyway")
+    else:
+        msg = (where + f"sampling and training score the same transition differently. Likely causes: {cfg}; the dtype "
+               f"(mixed_precision {acc.mixed_precision or 'no'}: {rounding}); scheduler settings "
+               "(eta / noise_level / sde_type / shift) changed between sampling and training; a condition (prompt "
+               "embedding, conditioning channels) other than the one sampled with; dropout in the denoiser's train "
+               "mode. train.onpolicy_check='warn' continues anyway")
     if mode == "stop":
         raise VerificationError(msg)
     acc.print(f"warning: {msg}")

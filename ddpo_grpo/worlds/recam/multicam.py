@@ -1,0 +1,269 @@
+"""MultiCamVideo (ReCamMaster's training data) as condition items (`data.name="multicam"`, `data.root=DIR`), and a
+user's own folder of source videos with ReCamMaster trajectories (`data.name="recam_folder"`).
+
+MultiCamVideo's layout (ReCamMaster's README and train_recammaster.py, commit 39c0dc2):
+
+    ROOT/train/<focal>_aperture<N>/sceneK/videos/cam01.mp4 ... cam10.mp4      (81 synchronised frames each)
+    ROOT/train/<focal>_aperture<N>/sceneK/cameras/camera_extrinsics.json      ({"frame0": {"cam01": "[..] [..]
+                                                                               [..] [..] ", ...}, ...})
+    ROOT/metadata.csv (optional)                                              (file_name,text: captions, file
+                                                                               names relative to ROOT/train/)
+
+A scene is any folder with videos/cam*.mp4 and cameras/camera_extrinsics.json under ROOT/train (or ROOT when it has
+no train/). One condition is an ordered (source camera, target camera) pair of one scene, read as ReCamMaster's
+training reads it: the source clip is the model's input, the target camera's poses at frames 0, 4, ..., 80 (21 latent
+frames at 81 frames; a shorter clip takes every `stride`-th frame, stride = 80 // (F - 1), and the poses of its own
+frames) relative to the SOURCE camera's frame 0 give the 12 numbers per latent frame (recammaster_cameras), and the
+frames are resized to cover the model's height x width and centre-cropped (video_io.cover_crop). The prompt is the
+target video's caption in metadata.csv ("" without one).
+
+Item i: "index" (scene number * 10000 + source * 100 + target: a stable dataset index, the GRPO group key),
+"prompt", "source_video" torch (F, 3, H, W) in [0, 1], "cameras" torch (F', 12), "target_video" np (F, 3, H, W) (the
+real target clip), "scene", "source_cam", "target_cam".
+
+Split by scene: a fixed draw (seed 0, not the run's) puts round(eval_fraction * scenes) scenes (at least one, when
+there are two or more) in "eval"; "train" never holds them. Every video is opened (PyAV, its header: cheap) and every
+needed matrix parsed when the dataset is built: a missing or damaged file is one line on stderr naming it, its pairs
+are left out, and more than max_bad_fraction of the files bad is one ConfigError line before training.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import sys
+from collections import OrderedDict
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ddpo_grpo.errors import ConfigError
+
+from .recammaster_cameras import CAM_TYPES, LATENT_STRIDE, NUM_POSE_FRAMES, pair_numbers, pose_frames
+from .video_io import cover_crop, read_video
+
+SPLITS = ("train", "eval", "all")
+MAX_LINES = 20  # bad-file lines printed before a summary
+CLIP_CACHE = 32  # decoded clips kept (source clips recur across pairs)
+
+
+def frame_stride(num_frames: int) -> int:
+    """Video frames per clip frame: 80 // (F - 1), so a clip of F frames spans ReCamMaster's 81 (1 at F = 81)."""
+    f = int(num_frames)
+    if f < 5 or (f - 1) % LATENT_STRIDE or f > 4 * (NUM_POSE_FRAMES - 1) + 1:
+        raise ConfigError(f"num_frames {num_frames}: MultiCamVideo clips take 1 + 4k frames, 5 to 81")
+    return max(1, (4 * (NUM_POSE_FRAMES - 1)) // (f - 1))
+
+
+def read_captions(root: str) -> Dict[str, str]:
+    """metadata.csv's captions by absolute video path (file names relative to ROOT/train, as ReCamMaster reads them,
+    or to ROOT); {} without the file."""
+    path = os.path.join(root, "metadata.csv")
+    if not os.path.isfile(path):
+        return {}
+    base = os.path.join(root, "train") if os.path.isdir(os.path.join(root, "train")) else root
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path!r} cannot be read as CSV ({e})") from None
+    if rows and not {"file_name", "text"} <= set(rows[0]):
+        raise ConfigError(f"{path!r} needs the columns file_name,text (ReCamMaster's metadata.csv)")
+    return {os.path.normpath(os.path.join(base, r["file_name"])): r["text"] or "" for r in rows}
+
+
+def find_scenes(root: str) -> List[str]:
+    """Scene folders (with videos/ and cameras/) under ROOT/train, or ROOT, sorted by relative path."""
+    if not os.path.isdir(root):
+        raise ConfigError(f"data.root {root!r} is not a folder")
+    top = os.path.join(root, "train") if os.path.isdir(os.path.join(root, "train")) else root
+    scenes = []
+    for d, subdirs, _ in os.walk(top):
+        if "videos" in subdirs and "cameras" in subdirs:
+            scenes.append(d)
+            subdirs[:] = []
+    if not scenes:
+        raise ConfigError(f"data.root {root!r} holds no MultiCamVideo scene (a folder with videos/cam01.mp4 ... and "
+                          "cameras/camera_extrinsics.json)")
+    return sorted(scenes, key=lambda s: os.path.relpath(s, top))
+
+
+def probe_video(path: str, needed: int) -> str:
+    """'' if the mp4 opens and says it has >= needed frames (or does not say), else why not."""
+    if not os.path.isfile(path):
+        return "missing"
+    import av
+
+    try:
+        with av.open(path) as c:
+            if not c.streams.video:
+                return "no video stream"
+            n = int(c.streams.video[0].frames or 0)
+    except Exception as e:  # noqa: BLE001  (PyAV's error classes per FFmpeg failure)
+        return f"damaged ({type(e).__name__})"
+    return f"{n} frames, {needed} needed" if 0 < n < needed else ""
+
+
+class MultiCamConditions:
+    """The (source, target) camera pairs of a MultiCamVideo folder's scenes in one split (module docstring)."""
+
+    def __init__(self, root: str, split: str = "train", num_frames: int = 81, height: int = 480, width: int = 832,
+                 eval_fraction: float = 0.1, max_bad_fraction: float = 0.1, log=None):
+        if split not in SPLITS:
+            raise ConfigError(f"unknown multicam split {split!r}; use one of {SPLITS}")
+        if not 0 <= eval_fraction < 1 or not 0 <= max_bad_fraction <= 1:
+            raise ConfigError("data.eval_fraction must be in [0, 1) and data.max_bad_fraction in [0, 1]")
+        self.root, self.split = root, split
+        self.num_frames, self.height, self.width = int(num_frames), int(height), int(width)
+        self.stride = frame_stride(num_frames)
+        self.num_latent = (self.num_frames - 1) // LATENT_STRIDE + 1
+        log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        captions = read_captions(root)
+        scenes = find_scenes(root)
+        needed = self.stride * (self.num_frames - 1) + 1
+        bad: List[str] = []
+        self.scenes: List[Tuple[int, str, dict, Dict[int, str]]] = []  # (number, folder, extrinsics, cam -> video)
+        for number, scene in enumerate(scenes):
+            videos = {int(m.group(1)): os.path.join(scene, "videos", f) for f in os.listdir(os.path.join(scene, "videos"))
+                      for m in [re.fullmatch(r"cam(\d+)\.mp4", f)] if m}
+            cam_file = os.path.join(scene, "cameras", "camera_extrinsics.json")
+            try:
+                with open(cam_file) as f:
+                    extr = json.load(f)
+            except (OSError, ValueError) as e:
+                bad.append(f"multicam: {cam_file}: {'missing' if isinstance(e, OSError) else 'damaged JSON'}")
+                continue
+            good = {}
+            for cam, path in sorted(videos.items()):
+                why = probe_video(path, needed)
+                if not why:
+                    try:  # every matrix this camera's pairs read: as target (its frames) and as source (frame 0)
+                        pair_numbers(extr, cam, cam, self.num_latent, self.stride, where=cam_file)
+                    except ConfigError as e:
+                        why = str(e).replace(cam_file + ": ", "").replace(cam_file + " ", "")
+                        path = cam_file
+                if why:
+                    bad.append(f"multicam: {path}: {why}")
+                else:
+                    good[cam] = path
+            self.scenes.append((number, scene, extr, good))
+        total = sum(len(v) for *_, v in self.scenes) + len(bad)
+        for line in bad[:MAX_LINES]:
+            log(line)
+        if len(bad) > MAX_LINES:
+            log(f"multicam: ... and {len(bad) - MAX_LINES} more bad files")
+        if bad and len(bad) > max_bad_fraction * max(total, 1):
+            raise ConfigError(f"data.root {root!r}: {len(bad)} of {total} videos / camera files are missing or damaged "
+                              f"(more than data.max_bad_fraction={max_bad_fraction}), e.g. {bad[0][len('multicam: '):]}")
+        n = len(scenes)
+        n_eval = 0 if n < 2 or eval_fraction <= 0 else min(n - 1, max(1, round(eval_fraction * n)))
+        held = set(np.random.default_rng(0).permutation(n)[:n_eval].tolist())  # fixed: the same for every run
+        self.eval_scenes = sorted(os.path.relpath(scenes[i], root) for i in held)
+        keep = {"train": lambda k: k not in held, "eval": lambda k: k in held, "all": lambda k: True}[split]
+        self.pairs: List[Tuple[int, int, int]] = []  # (position in self.scenes, source, target)
+        for pos, (number, _, _, good) in enumerate(self.scenes):
+            if keep(number):
+                self.pairs += [(pos, s, t) for s in sorted(good) for t in sorted(good) if s != t]
+        if not self.pairs:
+            raise ConfigError(f"data.root {root!r}: the {split} split has no (source, target) pair (scenes {n}, held "
+                              f"out {n_eval}; a scene needs 2 readable cameras)")
+        self.captions = captions
+        self.indices = [self.scenes[p][0] * 10000 + s * 100 + t for p, s, t in self.pairs]
+        self._clips: "OrderedDict[str, np.ndarray]" = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def prompt_at(self, i: int) -> str:
+        pos, _, t = self.pairs[i % len(self)]
+        return self.captions.get(os.path.normpath(self.scenes[pos][3][t]), "")
+
+    def cameras(self, i: int) -> np.ndarray:
+        """float32 (F', 12): pair i's target poses relative to its source camera's frame 0."""
+        pos, s, t = self.pairs[i % len(self)]
+        _, _, extr, _ = self.scenes[pos]
+        return pair_numbers(extr, s, t, self.num_latent, self.stride).astype(np.float32)
+
+    def clip(self, path: str) -> np.ndarray:
+        """(F, 3, H, W) float32 in [0, 1]: frames 0, stride, ... of the video, cover-cropped; one ConfigError line
+        naming a file that fails to decode."""
+        if path not in self._clips:
+            frames = read_video(path, [self.stride * f for f in range(self.num_frames)], what="multicam video")
+            self._clips[path] = cover_crop(frames, self.height, self.width)
+            while len(self._clips) > CLIP_CACHE:
+                self._clips.popitem(last=False)
+        self._clips.move_to_end(path)
+        return self._clips[path]
+
+    def __getitem__(self, i: int) -> Dict:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"multicam {self.split} split has {len(self)} pairs, asked for {i}")
+        i %= len(self)
+        pos, s, t = self.pairs[i]
+        _, scene, _, good = self.scenes[pos]
+        return {"index": self.indices[i], "prompt": self.prompt_at(i),
+                "source_video": torch.from_numpy(self.clip(good[s]).copy()),
+                "cameras": torch.from_numpy(self.cameras(i)), "target_video": self.clip(good[t]).copy(),
+                "scene": os.path.relpath(scene, self.root), "source_cam": s, "target_cam": t}
+
+
+class RecamFolder:
+    """A user's own sources, as ReCamMaster's inference takes them (`data.name="recam_folder"`): ROOT/metadata.csv
+    (file_name,text; file names relative to ROOT/videos, as its example_test_data) and `cameras`: ReCamMaster cam_types
+    ("1,2,5", names, or "all") or a .npy / .json (F', 12) file. Conditions: every video x every trajectory; index
+    = row * 100 + cam_type (0 for a file). Items as MultiCamConditions' without a target video."""
+
+    def __init__(self, root: str, cameras: str = "all", num_frames: int = 81, height: int = 480, width: int = 832):
+        from .recammaster_cameras import trajectory_numbers
+
+        meta = os.path.join(root, "metadata.csv")
+        if not os.path.isfile(meta):
+            raise ConfigError(f"data.root {root!r} has no metadata.csv (file_name,text), as ReCamMaster's inference needs")
+        with open(meta, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        if not rows or not {"file_name", "text"} <= set(rows[0]):
+            raise ConfigError(f"{meta!r} needs rows with the columns file_name,text")
+        self.videos = [(os.path.join(root, "videos", r["file_name"]), r["text"] or "") for r in rows]
+        for path, _ in self.videos:
+            why = probe_video(path, num_frames)
+            if why:
+                raise ConfigError(f"recam_folder: {path}: {why}")
+        self.num_frames, self.height, self.width = int(num_frames), int(height), int(width)
+        n_lat = (self.num_frames - 1) // LATENT_STRIDE + 1
+        spec = str(cameras).strip()
+        if spec.endswith((".npy", ".json")):
+            try:
+                arr = np.load(spec) if spec.endswith(".npy") else json.load(open(spec))
+                arr = np.asarray(arr, dtype=np.float32)
+            except Exception as e:  # noqa: BLE001
+                raise ConfigError(f"data.cameras {spec!r} cannot be read ({type(e).__name__})") from None
+            if arr.shape != (n_lat, 12) or not np.isfinite(arr).all():
+                raise ConfigError(f"data.cameras {spec!r} is {arr.shape}; {self.num_frames} frames need ({n_lat}, 12)")
+            self.trajs = [(0, arr)]
+        else:
+            names = list(CAM_TYPES) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+            self.trajs = []
+            for name in names:
+                nums = trajectory_numbers(name, n_lat)
+                cam = next(k for k in CAM_TYPES if np.array_equal(trajectory_numbers(k, n_lat), nums))
+                self.trajs.append((cam, nums))
+        self.items = [(r, c) for r in range(len(self.videos)) for c in range(len(self.trajs))]
+        self.indices = [r * 100 + self.trajs[c][0] for r, c in self.items]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def prompt_at(self, i: int) -> str:
+        return self.videos[self.items[i % len(self)][0]][1]
+
+    def __getitem__(self, i: int) -> Dict:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"recam_folder has {len(self)} conditions, asked for {i}")
+        i %= len(self)
+        r, c = self.items[i]
+        path, text = self.videos[r]
+        src = cover_crop(read_video(path, range(self.num_frames), what="recam_folder video"), self.height, self.width)
+        return {"index": self.indices[i], "prompt": text, "source_video": torch.from_numpy(src),
+                "cameras": torch.from_numpy(self.trajs[c][1].copy()), "cam_type": self.trajs[c][0]}
