@@ -70,7 +70,7 @@ GPU_CHECK = {
     "wan21-1.3b-random": (80, 2, 4, True, {}),
     "recam-1.3b-random": (90, 2, 2, True, {"pretrained.num_frames": 33, "reward.fns": {"jpeg_compressibility": 1.0},
                                            "reward.kwargs": {}}),
-    "flux-dev-random": (105, 8, 6, False, {}),
+    "flux-dev-random": (105, 8, 6, True, {}),
 }
 
 
