@@ -82,7 +82,7 @@ while read -r model limit; do
     fi
 done < <("$PY" scripts/bench_gpu.py --list-gpu-check)
 
-for _ in $(seq 60); do  # the counts have had the whole run; wait at most another minute
+for _ in $(seq 20); do  # the counts have had the whole run (2-3 min of CPU): wait at most another 20 s
     kill -0 "$COUNTS_PID" 2>/dev/null || break
     sleep 1
 done
