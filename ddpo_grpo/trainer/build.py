@@ -360,10 +360,11 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
                          resolution=config.pretrained.resolution, recam_checkpoint=recam_checkpoint_path(config),
                          lora=bool(config.use_lora))
     pipe.adapter.configure(pipe, config)  # run settings beyond the folder (FLUX.1-dev's embedded guidance)
-    if pipe.family == "flow":  # sample.flow_grid / flow_shift: read by the flow family wherever it sets timesteps
-        from ddpo_grpo.core.families import set_flow_grid
+    # sample.flow_grid / flow_shift: read by the flow family wherever it sets timesteps (the DDIM family ignores them;
+    # its check_settings refuses a named grid, so only the defaults reach a DDIM scheduler here)
+    from ddpo_grpo.core.families import set_flow_grid
 
-        set_flow_grid(pipe.scheduler, config.sample.get("flow_grid", "scheduler"), config.sample.get("flow_shift", 0.0))
+    set_flow_grid(pipe.scheduler, config.sample.get("flow_grid", "scheduler"), config.sample.get("flow_shift", 0.0))
     cache_on = bool(config.data.get("cache_embeddings", False))
     if config.pretrained.get("offload", False):  # on the device only for their calls (core.offload)
         park([pipe.vae] + pipe.text_encoders())
