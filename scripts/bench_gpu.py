@@ -273,6 +273,9 @@ def trainer_epoch(config, device: str) -> dict:
             rewards = collect_rewards(samples.reward_futures, acc)
             _sync(device)
             t1 = time.perf_counter()
+            if device == "cuda":  # the sampling phase's peak (decode included), then the training phase's alone
+                sampling_peak = torch.cuda.max_memory_allocated() / 2**20
+                torch.cuda.reset_peak_memory_stats()
             adv = advantages.compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                                 torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
@@ -287,7 +290,12 @@ def trainer_epoch(config, device: str) -> dict:
         out.update(onpolicy_ratio_max_dev=worst("onpolicy_ratio_max_dev"), sampler_gap_max=worst("sampler_gap_max"),
                    sampler_gap_mean=epochs[-1].get("sampler_gap_mean"), metrics=epochs,
                    startup={k: v for k, v in ctx.startup.items() if not k.endswith("_at")})
-        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+        if device == "cuda":  # the epoch's peak is the larger phase's (what the memory plan adds up)
+            out["cuda_peak_training_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            out["cuda_peak_sampling_mb"] = sampling_peak
+            out["cuda_peak_mb"] = max(sampling_peak, out["cuda_peak_training_mb"])
+        else:
+            out["cuda_peak_mb"] = None
         s, t = config.sample, config.train
         cfg = float(s.guidance_scale) != 1.0
         out["sampling_rows"] = int(s.num_batches_per_epoch) * int(s.num_steps) * int(s.batch_size) * (2 if cfg else 1)
