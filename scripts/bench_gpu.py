@@ -64,7 +64,7 @@ MAX_CPU_RESOLUTION = 128  # CPU runs are smoke tests: SD at 512 px on a CPU take
 GPU_CHECK_MEMORY_GIB = 80.0
 GPU_CHECK_CONDITIONS = 8  # training conditions (prompts) of a gpu check run: gpu_check_config says why
 GPU_CHECK = {
-    "sd15-random": (40, 8, 10, False, {}),
+    "sd15-random": (60, 8, 10, False, {}),
     "sd35-medium-random": (65, 8, 6, False, {}),
     "sdxl-random": (70, 4, 8, False, {}),
     "wan21-1.3b-random": (80, 2, 4, True, {}),
@@ -338,6 +338,9 @@ def measure_point(args, model: str, B: int, cfg: bool, mode: str, switch: str) -
         tr = trainer_epoch(config, args.device)
     except Exception as e:  # noqa: BLE001 - one failed point (e.g. out of memory) must not lose the others
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        import traceback
+
+        row["traceback"] = traceback.format_exc()[-2000:]  # where it failed: the row is all a killed run keeps
         return row
     finally:
         gc.collect()

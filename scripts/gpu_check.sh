@@ -80,7 +80,11 @@ while read -r model limit; do
             printf '{"model": "%s", "error": "%s"}\n' "$model" "$why" >>"$JSONL"
         fi
     fi
-done < <("$PY" scripts/bench_gpu.py --list-gpu-check)
+done <<<"$(
+    # GPU_CHECK_MODELS="a b ...": only those builds, in that order (a rerun of the ones that matter, on little time)
+    all=$("$PY" scripts/bench_gpu.py --list-gpu-check)
+    if [ -n "${GPU_CHECK_MODELS:-}" ]; then for m in $GPU_CHECK_MODELS; do grep "^$m " <<<"$all"; done; else echo "$all"; fi
+)"
 
 for _ in $(seq 20); do  # the counts have had the whole run (2-3 min of CPU): wait at most another 20 s
     kill -0 "$COUNTS_PID" 2>/dev/null || break

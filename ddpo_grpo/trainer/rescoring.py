@@ -81,20 +81,22 @@ def rescore_old_logprobs(ctx, settings, samples, plans: List[list]) -> List[torc
     """The old log-probs of every inner epoch's calls, scored before the epoch's first update through the call
     plan that inner epoch will train with. plans: one call plan per inner epoch, each a list of (sample indices (b,),
     columns (b, S)) exactly as train_epoch runs them. Returns one (N, T) float32 CPU tensor per inner epoch: the
-    policy's log-prob of each planned transition, NaN where the plan has none.
+    policy's log-prob of each planned transition, NaN where the plan has none; on samples.log_probs' device (the
+    sampler leaves them on the accelerator), so old_table[rows, c] indexes like samples.log_probs does.
 
     The forward is the training call's: the same rows in the same order (call_inputs), the module in train mode as
     train_epoch leaves it, accelerate's autocast, the same attention backend (the model's processors and the run's
     SDPA setting apply to every call). Only autograd is off; the log-prob math is float32 either way."""
     N, T = samples.log_probs.shape
+    where = samples.log_probs.device
     out = []
     for plan in plans:
-        old = torch.full((N, T), float("nan"))
+        old = torch.full((N, T), float("nan"), device=where)
         for idx, cols in plan:
             rows, c, inputs = call_inputs(ctx, settings, samples, idx, cols)
             with ctx.accelerator.autocast():
                 res = score(ctx, settings, inputs)
-            old[rows, c] = res.log_prob.detach().float().cpu()
+            old[rows.to(where), c.to(where)] = res.log_prob.detach().float().to(where)
         out.append(old)
     return out
 
@@ -104,7 +106,7 @@ def sampler_gap(rescored: torch.Tensor, sampler: torch.Tensor, mask: Optional[to
     """|logp_rescored - logp_sampler| per stored column: (max (T,), sum (T,), count (T,)) over the re-scored cells
     (rescored (N, T), NaN where not scored; sampler (N, T)); mask (N,) or (N, T) bool keeps only the trained rows
     (excluded samples never reach the loss). Sums and counts, not means, so processes combine exactly."""
-    d = (rescored.double() - sampler.double()).abs()
+    d = (rescored.detach().double().cpu() - sampler.detach().double().cpu()).abs()  # wherever each was left
     ok = ~torch.isnan(d)
     if mask is not None:
         ok &= (mask[:, None] if mask.ndim == 1 else mask).cpu()
@@ -139,4 +141,4 @@ def truncated_is_weight(rescored: torch.Tensor, sampler: torch.Tensor, cap: floa
     under-drew). cap <= 0 is an error here: the caller leaves it off instead."""
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
-    return torch.exp(rescored.double() - sampler.double()).clamp(max=cap).float().detach()
+    return torch.exp(rescored.double() - sampler.to(rescored.device).double()).clamp(max=cap).float().detach()
