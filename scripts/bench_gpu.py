@@ -409,8 +409,14 @@ def table(points) -> str:
             continue
         lines.append(f"{head} {p['epoch_s']:.1f} | {with_floor(p, 'samples_per_s', '.2f')} | "
                      f"{with_floor(p, 'train_steps_per_s', '.1f')} | {with_floor(p, 'peak_mem_mb', '.1f', 2**-10)} | "
-                     f"{p['mfu_sampling']:.3f} | {p['mfu_training']:.3f} |")
+                     f"{_fmt(p.get('mfu_sampling'))} | {_fmt(p.get('mfu_training'))} |")
     return "\n".join(lines)
+
+
+def _fmt(v, fmt=".3f") -> str:
+    """A measured number, or "-" where the point has none (--gpu-check points: their FLOPs come from counts.json,
+    which the check's table joins; the first H100 run lost its per-point table to a KeyError here)."""
+    return "-" if v is None else format(v, fmt)
 
 
 def print_check_table(args) -> int:
