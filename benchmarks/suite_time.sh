@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The suite on a fresh clone, as CI runs it (.ci/run = make test, ../shared beside it): writes the JSON that
+# benchmarks/readme_tables.py --suite puts into the README.
+#   benchmarks/suite_time.sh [OUT_JSON]      (default bench_results/suite.json; takes ~5 min of install + the suite)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$repo/bench_results/suite.json}
+work=$(mktemp -d)
+git clone -q "$repo" "$work/main"
+ln -s "$(cd "$repo/../shared" && pwd)" "$work/shared"
+cd "$work/main"
+make install >/dev/null
+commit=$(git rev-parse --short HEAD)
+log="$work/suite.log"
+start=$(date +%s)
+set +e
+.ci/run >"$log" 2>&1
+rc=$?
+set -e
+end=$(date +%s)
+last=$(grep -E "^[=]* ?[0-9]+ (passed|failed)" "$log" | tail -n 1)
+passed=$(grep -oE "[0-9]+ passed" <<<"$last" | grep -oE "[0-9]+" || echo 0)
+skipped=$(grep -oE "[0-9]+ skipped" <<<"$last" | grep -oE "[0-9]+" || echo 0)
+mkdir -p "$(dirname "$out")"
+printf '{"passed": %s, "skipped": %s, "seconds": %s, "commit": "%s", "date": "%s", "rc": %s, "summary": "%s"}\n' \
+    "$passed" "$skipped" "$((end - start))" "$commit" "$(date +%F)" "$rc" "$last" >"$out"
+cat "$out"
+cp "$log" "$(dirname "$out")/suite.log"
+rm -rf "$work"
+exit $rc
