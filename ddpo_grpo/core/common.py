@@ -10,7 +10,8 @@ clipping range of the PPO ratio meaningful across resolutions.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -97,6 +98,28 @@ def draw_noise(shape: Sequence[int], generator: GeneratorLike, device: torch.dev
     if isinstance(generator, list) and len(generator) not in (1, shape[0]):
         raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
     return randn_tensor(tuple(shape), generator=generator, device=device, dtype=torch.float32)
+
+
+_DEVICE_COPIES: Dict[tuple, tuple] = {}
+
+
+def on_device(table: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`table.to(device, dtype)`, made once per (table, device, dtype) and kept while `table` lives.
+
+    For the scheduler's schedule tensors (alphas_cumprod, final_alpha_cumprod, sigmas), which live on the host and
+    are read at every step: on an accelerator a fresh host->device copy per step is a transfer the host waits for
+    (PyTorch synchronises after a blocking copy). diffusers replaces these tensors rather than writing into them
+    (set_timesteps assigns new sigmas), so a copy keyed by the tensor's identity cannot go stale; it is dropped
+    when the tensor is. Where no copy is needed (same device and dtype, e.g. on a CPU) `table` itself is returned."""
+    if table.device == torch.device(device) and table.dtype == dtype:
+        return table
+    key = (id(table), str(device), dtype)
+    hit = _DEVICE_COPIES.get(key)
+    if hit is not None and hit[0]() is table:
+        return hit[1]
+    copy = table.to(device=device, dtype=dtype)
+    _DEVICE_COPIES[key] = (weakref.ref(table, lambda _, k=key: _DEVICE_COPIES.pop(k, None)), copy)
+    return copy
 
 
 def check_positive_std(std: torch.Tensor, message: str) -> None:

@@ -22,15 +22,21 @@ from typing import Tuple, Union
 
 import torch
 
-from .common import GeneratorLike, check_positive_std, draw_noise, expand_to_ndim, gaussian_log_prob, per_sample
+from .common import (GeneratorLike, check_positive_std, draw_noise, expand_to_ndim, gaussian_log_prob, on_device,
+                     per_sample)
 
 TimestepLike = Union[int, torch.Tensor]
 
 
 def ddim_mean_std(scheduler, model_output: torch.Tensor, timestep: TimestepLike, sample: torch.Tensor,
-                   eta: float, use_clipped_model_output: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   eta: float, use_clipped_model_output: bool, validate: bool = True
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float32 mean μ (B, ...) and std σ_t (B, 1, ..., 1) of the DDIM transition, plus the
-    per-sample boolean (B,) `is_final` marking steps whose previous timestep is before 0."""
+    per-sample boolean (B,) `is_final` marking steps whose previous timestep is before 0.
+
+    validate=False skips the check that eta leaves the step defined (1 - ᾱ_s - σ_t² ≥ 0), a host sync on an
+    accelerator: for callers that checked the whole schedule once already (the sampler, through
+    ModelFamily.step_stds, which evaluates every step)."""
     if getattr(scheduler, "num_inference_steps", None) is None:
         raise ValueError("scheduler.num_inference_steps is not set; call scheduler.set_timesteps(...) first")
 
@@ -46,8 +52,10 @@ def ddim_mean_std(scheduler, model_output: torch.Tensor, timestep: TimestepLike,
 
     # 2. ᾱ_t and ᾱ_s; before t = 0 the scheduler defines ᾱ_s = final_alpha_cumprod
     #    (1 if set_alpha_to_one, else ᾱ_0).
-    alphas_cumprod = scheduler.alphas_cumprod.to(device=device, dtype=torch.float32)
-    final_alpha_cumprod = torch.as_tensor(scheduler.final_alpha_cumprod, device=device, dtype=torch.float32)
+    alphas_cumprod = on_device(scheduler.alphas_cumprod, device, torch.float32)
+    final = scheduler.final_alpha_cumprod
+    final_alpha_cumprod = (on_device(final, device, torch.float32) if torch.is_tensor(final)
+                           else torch.as_tensor(final, device=device, dtype=torch.float32))
     alpha_prod_t = alphas_cumprod[t]
     alpha_prod_s = torch.where(is_final, final_alpha_cumprod, alphas_cumprod[s.clamp(min=0)])
     beta_prod_t = 1.0 - alpha_prod_t
@@ -96,7 +104,7 @@ def ddim_mean_std(scheduler, model_output: torch.Tensor, timestep: TimestepLike,
     #    (which would be NaN), so tiny negatives are clamped, while a real negative (η too large)
     #    is an error.
     direction_var = (1.0 - a_s) - std**2
-    if bool(torch.any(direction_var < -1e-6)):
+    if validate and bool(torch.any(direction_var < -1e-6)):
         raise ValueError(f"eta={eta} is too large: 1 - ᾱ_s - σ_t² < 0, so the DDIM step is undefined; use eta <= 1")
     mean = a_s.sqrt() * pred_original_sample + direction_var.clamp(min=0.0).sqrt() * pred_epsilon
     return mean, std, is_final
@@ -112,6 +120,7 @@ def ddim_step_with_logprob(
     generator: GeneratorLike = None,
     prev_sample: torch.Tensor | None = None,
     return_mean_std: bool = False,
+    validate: bool = True,
 ):
     """One stochastic DDIM step x_t → x_s and its log-probability under the policy.
 
@@ -130,6 +139,9 @@ def ddim_step_with_logprob(
             stored trajectory); it is returned unchanged and scored as-is (in float32).
             A drawn prev_sample is detached; log_prob stays differentiable w.r.t. model_output.
         return_mean_std: also return the transition mean and std.
+        validate: check that σ_t > 0 and that eta leaves the step defined (two host syncs on an accelerator).
+            False only where the caller checked the schedule's steps once already (the sampler: its stored steps
+            are ModelFamily.stochastic_steps', whose stds step_stds computed for every step).
 
     Returns:
         `(prev_sample, log_prob)` or, if `return_mean_std`, `(prev_sample, log_prob, mean, std)`:
@@ -146,14 +158,15 @@ def ddim_step_with_logprob(
             f"eta={eta}: eta=0 is deterministic DDIM sampling and has no log-probability; use eta>0 for training"
             if eta == 0 else f"eta must be > 0 for a log-probability, got eta={eta}"
         )
-    mean, std, _ = ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output)
+    mean, std, _ = ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output, validate)
 
     # σ_t = 0 (the last step into final_alpha_cumprod == 1, i.e. set_alpha_to_one=True; or t = 0 with ᾱ_s = ᾱ_0)
     # has no density. The sampler never asks for it: core.families' stochastic_steps takes such a step with
     # ddim_step and stores no log-prob for it; a direct call here is a caller's error.
-    check_positive_std(std, "the DDIM step has zero variance (σ_t == 0) for some sample (e.g. the last step with "
-                            "set_alpha_to_one=True, or t = 0), so it has no log-probability: it is a deterministic "
-                            "step, taken with ddim_step (ModelFamily.stochastic_steps excludes it)")
+    if validate:
+        check_positive_std(std, "the DDIM step has zero variance (σ_t == 0) for some sample (e.g. the last step with "
+                                "set_alpha_to_one=True, or t = 0), so it has no log-probability: it is a "
+                                "deterministic step, taken with ddim_step (ModelFamily.stochastic_steps excludes it)")
 
     if prev_sample is None:
         noise = draw_noise(sample.shape, generator, sample.device)
@@ -176,6 +189,7 @@ def ddim_step(
     eta: float = 0.0,
     use_clipped_model_output: bool = False,
     generator: GeneratorLike = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """One DDIM step x_t → x_s without a log-probability (evaluation-time sampling).
 
@@ -187,7 +201,7 @@ def ddim_step(
     """
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got eta={eta}")
-    mean, std, _ = ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output)
+    mean, std, _ = ddim_mean_std(scheduler, model_output, timestep, sample, eta, use_clipped_model_output, validate)
     if eta == 0:
         return mean.to(sample.dtype)
     noise = draw_noise(sample.shape, generator, sample.device)

@@ -22,9 +22,9 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .common import GeneratorLike
+from .common import GeneratorLike, on_device
 from .ddim_with_logprob import ddim_mean_std, ddim_step, ddim_step_with_logprob
-from .sde_with_logprob import flow_ode_step, flow_step_std, sde_step_with_logprob
+from .sde_with_logprob import flow_ode_step, flow_step_std, flow_step_stds, sde_step_with_logprob
 
 # (prev_sample (N, C, H, W) in the sample's dtype, log_prob (N,) float32, mean (N, C, H, W) float32,
 #  std broadcastable to mean, float32)
@@ -68,18 +68,20 @@ class ModelFamily:
 
     def step_with_logprob(self, scheduler, settings, model_output: torch.Tensor, timestep: torch.Tensor,
                           step_index: torch.Tensor, sample: torch.Tensor, prev_sample: Optional[torch.Tensor] = None,
-                          generator: GeneratorLike = None) -> StepOutput:
+                          generator: GeneratorLike = None, validate: bool = True) -> StepOutput:
         """The policy's stochastic step and the log-probability of its action.
 
         settings: a SamplerSettings (eta for DDIM; noise_level, sde_type for flow). prev_sample (N, C, H, W):
         score this action instead of drawing one. Returns (prev_sample, log_prob (N,), mean, std), see StepOutput.
+        validate=False skips the step's checks (std > 0, a defined step: host syncs on an accelerator), for a
+        caller that checked the schedule once (the sampler: stochastic_steps evaluates every step's std).
         """
         raise NotImplementedError
 
     def ode_step(self, scheduler, model_output: torch.Tensor, timestep: torch.Tensor, step_index: torch.Tensor,
-                 sample: torch.Tensor) -> torch.Tensor:
+                 sample: torch.Tensor, validate: bool = True) -> torch.Tensor:
         """The deterministic step (evaluation; steps outside an SDE window): the next sample (N, C, H, W),
-        in sample's dtype."""
+        in sample's dtype. validate: as in step_with_logprob."""
         raise NotImplementedError
 
     def predicted_x0(self, scheduler, model_output: torch.Tensor, timestep: torch.Tensor, step_index: torch.Tensor,
@@ -101,7 +103,10 @@ class ModelFamily:
         raise NotImplementedError
 
     def step_stds(self, scheduler, settings, num_steps: int) -> torch.Tensor:
-        """The policy's std at each of the num_steps steps, (num_steps,) float32; sets the scheduler's schedule."""
+        """The policy's std at each of the num_steps steps, (num_steps,) float32; sets the scheduler's schedule.
+        Every step is evaluated, so a schedule on which some step is undefined (DDIM's eta too large, flow sigmas
+        that do not decrease) raises here. The families evaluate all steps in one call of their step math (the
+        same elementwise float32 operations as step_std's, so the same values): the sampler asks once per batch."""
         self.set_timesteps(scheduler, num_steps)
         return torch.tensor([self.step_std(scheduler, settings, t, i) for i, t in enumerate(scheduler.timesteps)],
                             dtype=torch.float32)
@@ -112,9 +117,13 @@ class ModelFamily:
         whose noise is zero. A zero-noise step (DDIM's last with set_alpha_to_one, or with t = 0 and ᾱ_s = ᾱ_0;
         CPS's last, σ' = 0) has no density, and every step after it is taken deterministically too, as steps outside
         an SDE window are: both families share marginals between their stochastic and deterministic steps."""
-        std = self.step_stds(scheduler, settings, num_steps)
-        zero = torch.nonzero(std <= 0).flatten()
-        return int(zero[0]) if len(zero) else int(num_steps)
+        return self.stochastic_count(self.step_stds(scheduler, settings, num_steps))
+
+    @staticmethod
+    def stochastic_count(stds: torch.Tensor) -> int:
+        """stochastic_steps' rule on step_stds' values (num_steps,): the steps before the first whose std is 0."""
+        zero = torch.nonzero(stds <= 0).flatten()
+        return int(zero[0]) if len(zero) else int(stds.numel())
 
     def stored_steps(self, scheduler, settings, num_steps: int, window_size: int = 0) -> int:
         """T, the number of steps a trajectory stores: the SDE window's size where the family takes one, else
@@ -163,24 +172,30 @@ class DDIMFamily(ModelFamily):
         return DDIMScheduler.from_config(scheduler_config)
 
     def step_with_logprob(self, scheduler, settings, model_output, timestep, step_index, sample, prev_sample=None,
-                          generator=None) -> StepOutput:
+                          generator=None, validate=True) -> StepOutput:
         # DDIM looks its alphas up by timestep value; step_index is not needed.
         return ddim_step_with_logprob(scheduler, model_output, timestep, sample, eta=settings.eta, generator=generator,
-                                      prev_sample=prev_sample, return_mean_std=True)
+                                      prev_sample=prev_sample, return_mean_std=True, validate=validate)
 
-    def ode_step(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
-        return ddim_step(scheduler, model_output, timestep, sample, eta=0.0)
+    def ode_step(self, scheduler, model_output, timestep, step_index, sample, validate=True) -> torch.Tensor:
+        return ddim_step(scheduler, model_output, timestep, sample, eta=0.0, validate=validate)
 
     def step_std(self, scheduler, settings, timestep, step_index) -> float:
         x = torch.zeros(1, 1, 1, 1)
         return float(ddim_mean_std(scheduler, x, timestep, x, settings.eta, False)[1].reshape(-1)[0])
+
+    def step_stds(self, scheduler, settings, num_steps: int) -> torch.Tensor:
+        self.set_timesteps(scheduler, num_steps)
+        x = torch.zeros(len(scheduler.timesteps), 1, 1, 1)
+        return ddim_mean_std(scheduler, x, scheduler.timesteps, x, settings.eta, False)[1].reshape(-1).float()
 
     def predicted_x0(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
         # From x_t = sqrt(ᾱ_t) x0 + sqrt(1 - ᾱ_t) ε and the prediction type; no clipping (unlike the DDIM step),
         # so that x̂0 shows what the model predicts.
         x, out = sample.float(), model_output.float()
         shape = (-1,) + (1,) * (x.ndim - 1)
-        a = scheduler.alphas_cumprod.to(x.device)[timestep.long()].float().view(shape)
+        ac = scheduler.alphas_cumprod
+        a = on_device(ac, x.device, ac.dtype)[timestep.long()].float().view(shape)
         kind = scheduler.config.prediction_type
         if kind == "epsilon":
             return (x - (1 - a).sqrt() * out) / a.sqrt()
@@ -250,19 +265,21 @@ class FlowFamily(ModelFamily):
         return FlowMatchEulerDiscreteScheduler.from_config(scheduler_config)
 
     def step_with_logprob(self, scheduler, settings, model_output, timestep, step_index, sample, prev_sample=None,
-                          generator=None) -> StepOutput:
+                          generator=None, validate=True) -> StepOutput:
         # The flow step reads sigmas[i] and sigmas[i + 1] by position; the timestep value is not needed.
         return sde_step_with_logprob(scheduler, model_output, step_index, sample, noise_level=settings.noise_level,
-                                     prev_sample=prev_sample, generator=generator, sde_type=settings.sde_type)
+                                     prev_sample=prev_sample, generator=generator, sde_type=settings.sde_type,
+                                     validate=validate)
 
-    def ode_step(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
-        return flow_ode_step(scheduler, model_output, step_index, sample)
+    def ode_step(self, scheduler, model_output, timestep, step_index, sample, validate=True) -> torch.Tensor:
+        return flow_ode_step(scheduler, model_output, step_index, sample, validate=validate)
 
     def predicted_x0(self, scheduler, model_output, timestep, step_index, sample) -> torch.Tensor:
         # x_σ = (1 - σ) x0 + σ x1 and v = x1 - x0  =>  x0 = x_σ - σ v.
         x, out = sample.float(), model_output.float()
         shape = (-1,) + (1,) * (x.ndim - 1)
-        sigma = scheduler.sigmas.to(x.device)[step_index.long().cpu()].float().view(shape)
+        sigmas = scheduler.sigmas
+        sigma = on_device(sigmas, x.device, sigmas.dtype)[step_index.long().to(x.device)].float().view(shape)
         return x - sigma * out
 
     def noised_and_target(self, scheduler, x0, noise, u):
@@ -274,6 +291,11 @@ class FlowFamily(ModelFamily):
 
     def step_std(self, scheduler, settings, timestep, step_index) -> float:
         return float(flow_step_std(scheduler, step_index, settings.noise_level, settings.sde_type))
+
+    def step_stds(self, scheduler, settings, num_steps: int) -> torch.Tensor:
+        self.set_timesteps(scheduler, num_steps)
+        steps = torch.arange(len(scheduler.timesteps), dtype=torch.long)
+        return flow_step_stds(scheduler, steps, settings.noise_level, settings.sde_type).float()
 
     def check_sample_config(self, sample) -> None:
         check_flow_grid(getattr(sample, "flow_grid", "scheduler"), getattr(sample, "flow_shift", 0.0))

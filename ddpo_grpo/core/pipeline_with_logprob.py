@@ -7,6 +7,7 @@ scheduler's settings, are deterministic and neither stored nor trained).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
@@ -174,28 +175,37 @@ def pipeline_with_logprob(
             latents = torch.randn((B, *sample_shape), generator=generator)
         latents = latents.to(device)
     family = get_family(settings.family)
-    family.set_timesteps(scheduler, num_inference_steps)
     if sde_window is not None and not family.supports_sde_window:
         raise ValueError(f"sde_window does not apply to the {family.name} family")
     # Steps past the stochastic ones (a zero-noise step: DDIM's σ_t = 0, CPS's σ' = 0, and any after it) are
     # deterministic and not stored, as steps outside a window are (families.ModelFamily.stochastic_steps).
-    n_stochastic = (num_inference_steps if deterministic else
-                    family.stochastic_steps(scheduler, settings, num_inference_steps))
+    # step_stds sets the schedule and evaluates every step's std, which is the check of the whole schedule that the
+    # loop's steps then skip (validate=False: no host sync per step on an accelerator). Deterministic sampling
+    # (evaluation) keeps the per-step checks: it evaluates no stds.
+    if deterministic:
+        family.set_timesteps(scheduler, num_inference_steps)
+        n_stochastic = num_inference_steps
+    else:
+        schedule_stds = family.step_stds(scheduler, settings, num_inference_steps)
+        n_stochastic = family.stochastic_count(schedule_stds)
     timesteps = scheduler.timesteps
     if sde_window is None:
         stored = range(len(timesteps)) if deterministic else range(n_stochastic)
     else:
         stored = window_range(n_stochastic, sde_window)
+    if not deterministic:
+        _check_stds(schedule_stds, stored, family.name)
+    # The schedule and the step indices on the device once, not a host->device copy per step.
+    steps_t, steps_i = timesteps.to(device), torch.arange(len(timesteps), dtype=torch.long, device=device)
     all_latents, log_probs, x0s, stds = [], [], [], []
-    for i, t in enumerate(timesteps):
-        tt = t.expand(B).to(device)
-        idx = torch.full((B,), i, dtype=torch.long)
+    for i in range(len(timesteps)):
+        tt, idx = steps_t[i].expand(B), steps_i[i].expand(B)
         x_in = latents
         if i in stored and not deterministic:
             if i == stored.start:
                 all_latents.append(latents)
             res = policy_step(unet, scheduler, settings, latents, tt, idx, prompt_embeds, negative_prompt_embeds,
-                              generator=generator, cond_channels=cond_channels)
+                              generator=generator, cond_channels=cond_channels, validate=False)
             out, latents = res.model_output, res.prev_sample
             log_probs.append(res.log_prob)
             stds.append(res.std.reshape(res.std.shape[0], -1)[:, 0].max())
@@ -203,7 +213,7 @@ def pipeline_with_logprob(
         else:
             out = denoiser_output(unet, latents, tt, prompt_embeds, negative_prompt_embeds,
                                   settings.guidance_scale, cond_channels)
-            new = family.ode_step(scheduler, out, tt, idx, latents)
+            new = family.ode_step(scheduler, out, tt, idx, latents, validate=deterministic)
             if i in stored and deterministic:
                 if i == stored.start:
                     all_latents.append(latents)
@@ -228,6 +238,16 @@ def pipeline_with_logprob(
     )
 
 
+def _check_stds(schedule_stds: torch.Tensor, stored, family: str) -> None:
+    """The check the loop's steps skip, once for the schedule: every stored step has a finite positive std (host
+    values, no device sync). stochastic_count already ends the stored steps before the first std of 0; a NaN or
+    infinite std (a schedule outside what the families support) is named here instead of sampled."""
+    bad = [i for i in stored if not (math.isfinite(float(schedule_stds[i])) and float(schedule_stds[i]) > 0)]
+    if bad:
+        raise ValueError(f"the {family} step {bad[0]} has std {float(schedule_stds[bad[0]])}: no log-probability; "
+                         "the scheduler's settings give a step without a finite positive noise")
+
+
 def _branched(unet, scheduler, settings: SamplerSettings, spec: BranchSpec, prompt_embeds, negative_prompt_embeds,
               num_inference_steps, latents, sample_shape, generator, vae, cond_channels) -> Trajectory:
     """pipeline_with_logprob with a tree per condition (see core.branching for the layout). Rows of the running
@@ -241,43 +261,51 @@ def _branched(unet, scheduler, settings: SamplerSettings, spec: BranchSpec, prom
     family = get_family(settings.family)
     if not family.supports_sde_window:  # deterministic steps between splits must keep the stochastic marginals
         raise ValueError(f"branched sampling does not apply to the {family.name} family")
-    spec.check(family.stochastic_steps(scheduler, settings, num_inference_steps))  # sets the schedule
+    schedule_stds = family.step_stds(scheduler, settings, num_inference_steps)  # sets the schedule, checks every step
+    spec.check(family.stochastic_count(schedule_stds))
+    _check_stds(schedule_stds, spec.steps, family.name)
     timesteps = scheduler.timesteps
     device = prompt_embeds.device
+    steps_t, steps_i = timesteps.to(device), torch.arange(len(timesteps), dtype=torch.long, device=device)
     if latents is None:
         latents = torch.randn((B // L, *sample_shape), generator=generator).to(device)
     if latents.shape[0] != B // L:
         raise ValueError(f"branched sampling takes one x_T per tree: {B // L}, got {latents.shape[0]}")
 
-    def rows(depth):  # the first leaf row under each node at `depth`: its condition is the node's
-        return torch.arange(B // spec.leaves_below(depth), device=device) * spec.leaves_below(depth)
+    # the first leaf row under each node at `depth`: its condition is the node's (made once per depth, not per step)
+    rows = [torch.arange(B // spec.leaves_below(d), device=device) * spec.leaves_below(d) for d in range(D + 1)]
+    node_inputs = {}
 
     def at(x, depth):
-        return None if x is None else x[rows(depth)]
+        if x is None:
+            return None
+        key = (id(x), depth)  # the conditions are the same tensors at every step of a depth
+        if key not in node_inputs:
+            node_inputs[key] = x[rows[depth]]
+        return node_inputs[key]
 
     def to_leaves(x, depth):  # node rows at `depth` -> one row per leaf
         return x.repeat_interleave(spec.leaves_below(depth), dim=0)
 
     states, log_probs, stds = [], [], []
     depth = 0
-    for i, t in enumerate(timesteps):
+    for i in range(len(timesteps)):
         n = latents.shape[0]
         if depth < D and i == spec.steps[depth]:
             parent = latents.repeat_interleave(K, dim=0)
-            res = policy_step(unet, scheduler, settings, parent, t.expand(n * K).to(device),
-                              torch.full((n * K,), i, dtype=torch.long), at(prompt_embeds, depth + 1),
-                              at(negative_prompt_embeds, depth + 1), generator=generator,
-                              cond_channels=at(cond_channels, depth + 1))
+            res = policy_step(unet, scheduler, settings, parent, steps_t[i].expand(n * K), steps_i[i].expand(n * K),
+                              at(prompt_embeds, depth + 1), at(negative_prompt_embeds, depth + 1),
+                              generator=generator, cond_channels=at(cond_channels, depth + 1), validate=False)
             latents = res.prev_sample
             states += [to_leaves(parent, depth + 1), to_leaves(latents, depth + 1)]
             log_probs.append(to_leaves(res.log_prob, depth + 1))
             stds.append(res.std.reshape(res.std.shape[0], -1)[:, 0].max())
             depth += 1
         else:
-            out = denoiser_output(unet, latents, t.expand(n).to(device), at(prompt_embeds, depth),
-                                  at(negative_prompt_embeds, depth), settings.guidance_scale, at(cond_channels, depth))
-            latents = family.ode_step(scheduler, out, t.expand(n).to(device), torch.full((n,), i, dtype=torch.long),
-                                      latents)
+            tt, idx = steps_t[i].expand(n), steps_i[i].expand(n)
+            out = denoiser_output(unet, latents, tt, at(prompt_embeds, depth), at(negative_prompt_embeds, depth),
+                                  settings.guidance_scale, at(cond_channels, depth))
+            latents = family.ode_step(scheduler, out, tt, idx, latents, validate=False)
     states.append(latents)
     return Trajectory(
         latents=torch.stack(states, dim=1),

@@ -73,13 +73,16 @@ def policy_step(
     prev_sample: Optional[torch.Tensor] = None,
     generator: Union[None, torch.Generator, List[torch.Generator]] = None,
     cond_channels: Optional[torch.Tensor] = None,
+    validate: bool = True,
 ) -> StepResult:
     """Forward + scheduler step with log-prob. timestep (N,) are the denoiser's timestep values;
-    step_index (N,) index the scheduler's schedule (flow models read sigmas by index)."""
+    step_index (N,) index the scheduler's schedule (flow models read sigmas by index). validate=False skips the
+    step's own checks (std > 0, a defined step: host syncs on an accelerator) where the caller checked the schedule
+    once (pipeline_with_logprob); the numbers are the same either way."""
     family = get_family(settings.family)  # an unknown name fails here, before the denoiser runs
     out = denoiser_output(unet, sample, timestep, embeds, neg_embeds, settings.guidance_scale, cond_channels)
     prev, logp, mean, std = family.step_with_logprob(scheduler, settings, out, timestep, step_index, sample,
-                                                     prev_sample=prev_sample, generator=generator)
+                                                     prev_sample=prev_sample, generator=generator, validate=validate)
     return StepResult(prev, logp, mean, std, out)
 
 

@@ -30,25 +30,28 @@ from typing import Tuple, Union
 
 import torch
 
-from .common import GeneratorLike, check_positive_std, draw_noise, expand_to_ndim, gaussian_log_prob, per_sample
+from .common import (GeneratorLike, check_positive_std, draw_noise, expand_to_ndim, gaussian_log_prob, on_device,
+                     per_sample)
 
 StepIndexLike = Union[int, torch.Tensor]
 SDE_TYPES = ("sde", "cps")
 
 
-def _sigmas_for_step(scheduler, step_index: StepIndexLike, sample: torch.Tensor
+def _sigmas_for_step(scheduler, step_index: StepIndexLike, sample: torch.Tensor, validate: bool = True
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample σ = sigmas[i] and σ' = sigmas[i + 1], each (B,) float32 on sample's device."""
+    """Per-sample σ = sigmas[i] and σ' = sigmas[i + 1], each (B,) float32 on sample's device. validate=False skips
+    the range and decreasing-sigmas checks (two host syncs on an accelerator), for a caller that checked the
+    schedule's steps once (the sampler, through ModelFamily.step_stds)."""
     sigmas = getattr(scheduler, "sigmas", None)
     if sigmas is None or getattr(scheduler, "num_inference_steps", None) is None:
         raise ValueError("scheduler.sigmas is not set; call scheduler.set_timesteps(...) first")
-    sigmas = sigmas.to(device=sample.device, dtype=torch.float32)
+    sigmas = on_device(sigmas, sample.device, torch.float32)
     i = per_sample(step_index, sample.shape[0], sample.device, torch.long)
-    if bool(torch.any((i < 0) | (i >= sigmas.numel() - 1))):
+    if validate and bool(torch.any((i < 0) | (i >= sigmas.numel() - 1))):
         raise ValueError(f"step_index must be in [0, {sigmas.numel() - 2}] (sigmas has a terminal value "
                          f"appended), got {i.tolist()}")
     sigma, sigma_next = sigmas[i], sigmas[i + 1]
-    if bool(torch.any(sigma_next >= sigma)):
+    if validate and bool(torch.any(sigma_next >= sigma)):
         # e.g. invert_sigmas=True (Mochi): the formulas below assume denoising runs σ → 0.
         raise ValueError("expected decreasing sigmas (dt = sigmas[i+1] - sigmas[i] < 0); "
                          "inverted or non-decreasing schedules are not supported")
@@ -56,8 +59,9 @@ def _sigmas_for_step(scheduler, step_index: StepIndexLike, sample: torch.Tensor
 
 
 def _sde_mean_std(sigma: torch.Tensor, sigma_next: torch.Tensor, x: torch.Tensor, v: torch.Tensor,
-                  noise_level: float, sde_type: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Float32 mean (B, ...) and std (B, 1, ..., 1) of the stochastic step; σ, σ' are (B,)."""
+                  noise_level: float, sde_type: str, validate: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Float32 mean (B, ...) and std (B, 1, ..., 1) of the stochastic step; σ, σ' are (B,). validate: as in
+    _sigmas_for_step."""
     ndim = x.ndim
     dt = expand_to_ndim(sigma_next - sigma, ndim)
     if sde_type == "sde":
@@ -67,7 +71,7 @@ def _sde_mean_std(sigma: torch.Tensor, sigma_next: torch.Tensor, x: torch.Tensor
         # -270·x. So at σ = 1 we evaluate s at the step's target σ' instead: the nearest point
         # of the step where the noise scale is finite, which keeps s in line with the next step.
         sigma_for_scale = torch.where(sigma >= 1.0, sigma_next, sigma)
-        if bool(torch.any(sigma_for_scale >= 1.0)):
+        if validate and bool(torch.any(sigma_for_scale >= 1.0)):
             raise ValueError("sde_type='sde' needs sigmas[i+1] < 1 when sigmas[i] >= 1")
         s = noise_level * torch.sqrt(sigma_for_scale / (1.0 - sigma_for_scale))
         s = expand_to_ndim(s, ndim)
@@ -96,6 +100,7 @@ def sde_step_with_logprob(
     prev_sample: torch.Tensor | None = None,
     generator: GeneratorLike = None,
     sde_type: str = "sde",
+    validate: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One stochastic flow-matching step σ → σ' and its log-probability under the policy.
 
@@ -112,6 +117,9 @@ def sde_step_with_logprob(
             A drawn prev_sample is detached; log_prob stays differentiable w.r.t. model_output.
         generator: None, a torch.Generator, or a list of B generators.
         sde_type: "sde" (Flow-GRPO) or "cps" (coefficients-preserving).
+        validate: check the step index, the schedule's direction and std > 0 (host syncs on an accelerator).
+            False only where the caller checked the schedule's steps once already (the sampler: its stored steps
+            are ModelFamily.stochastic_steps', whose stds step_stds computed for every step).
 
     Returns:
         `(prev_sample, log_prob, mean, std)`: prev_sample (B, C, H, W) in `sample.dtype` (or
@@ -127,11 +135,12 @@ def sde_step_with_logprob(
                          "log-probability; use noise_level>0 for training, or flow_ode_step for sampling")
     if sde_type not in SDE_TYPES:
         raise ValueError(f"sde_type must be one of {SDE_TYPES}, got {sde_type!r}")
-    sigma, sigma_next = _sigmas_for_step(scheduler, step_index, sample)
-    mean, std = _sde_mean_std(sigma, sigma_next, sample.float(), model_output.float(), noise_level, sde_type)
-    check_positive_std(std, f"the {sde_type!r} step has zero std for some sample (e.g. cps at the final step, "
-                            "where sigmas[i+1] == 0), so its log-probability is undefined; "
-                            "take that step with flow_ode_step")
+    sigma, sigma_next = _sigmas_for_step(scheduler, step_index, sample, validate)
+    mean, std = _sde_mean_std(sigma, sigma_next, sample.float(), model_output.float(), noise_level, sde_type, validate)
+    if validate:
+        check_positive_std(std, f"the {sde_type!r} step has zero std for some sample (e.g. cps at the final step, "
+                                "where sigmas[i+1] == 0), so its log-probability is undefined; "
+                                "take that step with flow_ode_step")
 
     if prev_sample is None:
         noise = draw_noise(sample.shape, generator, sample.device)
@@ -147,13 +156,19 @@ def sde_step_with_logprob(
 def flow_step_std(scheduler, step_index: int, noise_level: float, sde_type: str) -> torch.Tensor:
     """The std of the stochastic step at step_index (0-d float32), from the schedule alone (no model): 0 where the
     step has no noise (CPS's last, σ' = 0); what core.families decides stochastic steps by."""
-    x = torch.zeros(1, 1)
-    sigma, sigma_next = _sigmas_for_step(scheduler, step_index, x)
-    return _sde_mean_std(sigma, sigma_next, x, x, noise_level, sde_type)[1].reshape(-1)[0]
+    return flow_step_stds(scheduler, torch.tensor([int(step_index)]), noise_level, sde_type)[0]
+
+
+def flow_step_stds(scheduler, step_indices: torch.Tensor, noise_level: float, sde_type: str) -> torch.Tensor:
+    """flow_step_std of several steps in one evaluation, (n,) float32 for step_indices (n,) long: the same
+    elementwise float32 math per step, so each value equals flow_step_std's bit for bit."""
+    x = torch.zeros(len(step_indices), 1)
+    sigma, sigma_next = _sigmas_for_step(scheduler, step_indices, x)
+    return _sde_mean_std(sigma, sigma_next, x, x, noise_level, sde_type)[1].reshape(-1)
 
 
 def flow_ode_step(scheduler, model_output: torch.Tensor, step_index: StepIndexLike,
-                  sample: torch.Tensor) -> torch.Tensor:
+                  sample: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Deterministic Euler step of the flow ODE: x_{σ'} = x_σ + (σ' - σ) · v.
 
     Args:
@@ -161,11 +176,12 @@ def flow_ode_step(scheduler, model_output: torch.Tensor, step_index: StepIndexLi
         model_output: predicted velocity v, shape (B, C, H, W).
         step_index: an int or a LongTensor (B,) indexing `scheduler.sigmas`.
         sample: current x_σ, shape (B, C, H, W).
+        validate: check the step index and the schedule's direction (see _sigmas_for_step).
 
     Returns:
         prev_sample (B, C, H, W) in `sample.dtype` (diffusers casts to model_output's dtype
         instead; the two agree when both are the same dtype).
     """
-    sigma, sigma_next = _sigmas_for_step(scheduler, step_index, sample)
+    sigma, sigma_next = _sigmas_for_step(scheduler, step_index, sample, validate)
     dt = expand_to_ndim(sigma_next - sigma, sample.ndim)
     return (sample.float() + dt * model_output.float()).to(sample.dtype)

@@ -10,6 +10,7 @@ knows where each object should be; the model, however, has to learn them.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -77,12 +78,22 @@ class Condition:
         return ((self.obj, first, _PAIR_RADIUS), (self.other, second, _PAIR_RADIUS))
 
 
-def shape_mask(shape: str, cx: float, cy: float, r: float, size: int = IMAGE_SIZE, ss: int = SUPERSAMPLE) -> np.ndarray:
-    """Anti-aliased coverage in [0, 1] of a shape with bounding box 2r centred at (cx, cy). Shape (size, size)."""
-    n = size * ss
+@functools.lru_cache(maxsize=16)
+def _subpixel_coords(n: int, ss: int) -> np.ndarray:
     coords = (np.arange(n, dtype=np.float64) + 0.5) / ss
-    x, y = np.meshgrid(coords, coords)  # x: column, y: row
-    dx, dy = x - cx, y - cy
+    coords.flags.writeable = False
+    return coords
+
+
+def shape_mask(shape: str, cx: float, cy: float, r: float, size: int = IMAGE_SIZE, ss: int = SUPERSAMPLE) -> np.ndarray:
+    """Anti-aliased coverage in [0, 1] of a shape with bounding box 2r centred at (cx, cy). Shape (size, size).
+
+    The offsets are a row (dx, 1 x n) and a column (dy, n x 1) that the tests broadcast to the n x n subpixel grid:
+    the same values as full meshgrid offsets, element for element, at a fraction of the work (the toy-world reward
+    fits 16 templates per object, so this is most of its time)."""
+    n = size * ss
+    coords = _subpixel_coords(n, ss)
+    dx, dy = coords[None, :] - cx, coords[:, None] - cy  # x: column, y: row
     if shape == "square":
         m = (np.abs(dx) <= r) & (np.abs(dy) <= r)
     elif shape == "circle":
@@ -96,7 +107,9 @@ def shape_mask(shape: str, cx: float, cy: float, r: float, size: int = IMAGE_SIZ
         m = ((np.abs(dx) <= w) & (np.abs(dy) <= r)) | ((np.abs(dy) <= w) & (np.abs(dx) <= r))
     else:
         raise ValueError(f"unknown shape {shape!r}; choose one of {SHAPES}")
-    return m.reshape(size, ss, size, ss).mean(axis=(1, 3))
+    # The coverage is the count of covered subpixels over ss²: summed as integers (exact), then divided once, the same
+    # float64 values as m.reshape(size, ss, size, ss).mean(axis=(1, 3)).
+    return m.reshape(size, ss, size, ss).sum(axis=3, dtype=np.int32).sum(axis=1) / (ss * ss)
 
 
 def render(cond: Condition, rng: Optional[np.random.Generator] = None) -> np.ndarray:
