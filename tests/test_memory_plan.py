@@ -51,6 +51,10 @@ def test_training_call_rows_and_the_largest_phase_by_hand():
     assert [b for _, b in labelled[-2:]] == [0.0, 0.0]  # sampling 5000 and decode 3000 are below 19200
     small = mp.plan(c, mp.Settings(precision="no", train_batch_size=1, sample_rows=16), mp.Engine())
     assert [b for _, b in small[-3:]] == [0.0, 5000.0, 0.0]  # 400 B of training: the sampling call is the peak
+    # the decode counts its transient buffers: 4000 B live x 1.35 (the H100's measured ratio) = 5400 > 5000
+    big = mp.plan(counts(sampling_bytes=5000, decode_bytes=4000), mp.Settings(precision="no", train_batch_size=1,
+                                                                            sample_rows=16), mp.Engine())
+    assert [b for _, b in big[-3:]] == [0.0, 0.0, 4000 * 1.35] and "x1.35 transient buffers" in big[-1][0]
 
 
 def test_lora_bf16_fsdp2_over_4_by_hand():
