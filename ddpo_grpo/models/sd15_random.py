@@ -12,7 +12,7 @@ import torch
 from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from .sd import ADAPTER  # noqa: F401  (a built model's architecture: its builder module's ADAPTER, model_adapter)
+from .sd import ADAPTER  # the built pipeline's architecture, and model_adapter's answer for a built model
 
 NAME = "sd15-random"
 NATIVE_RESOLUTION = 512  # pixels; latents are resolution / 8
@@ -88,9 +88,7 @@ def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dt
     "meta": shapes only), from a forked RNG seeded with SEED, so the caller's random state is untouched. The UNet is
     built first, so its weights are the same whatever torch_dtype.
     """
-    from ddpo_grpo.models import LoadedPipeline
-
-    from .base import component_dtype, default_dtype, freeze
+    from .base import LoadedPipeline, component_dtype, default_dtype, freeze
 
     why = check_resolution(resolution)
     if why:
@@ -108,4 +106,4 @@ def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dt
         with default_dtype(component_dtype("vae", torch_dtype, dict(vae_config, _class_name="AutoencoderKL"))):
             vae = AutoencoderKL(**vae_config)
     freeze(unet, text_encoder, vae)  # (make_trainable unfreezes what the run trains)
-    return LoadedPipeline(unet, text_encoder, tokenizer, sd15_scheduler(), vae, "ddim", NAME)
+    return LoadedPipeline(unet, text_encoder, tokenizer, sd15_scheduler(), vae, "ddim", NAME, adapter=ADAPTER)

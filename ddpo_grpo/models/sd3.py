@@ -26,7 +26,8 @@ import torch
 
 from ddpo_grpo.core.families import FlowFamily
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+from .adapter import ModelAdapter
+from .base import DenoiserOutput, LoadedPipeline, PackedDenoiser, component_dtype, default_dtype, \
     folder_vae_dtype, freeze, load_scheduler, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
 

@@ -31,7 +31,8 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .base import LoadedPipeline, ModelAdapter, component_dtype, default_dtype, folder_vae_dtype, freeze, load_scheduler
+from .adapter import ModelAdapter
+from .base import LoadedPipeline, component_dtype, default_dtype, folder_vae_dtype, freeze, load_scheduler
 
 COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
