@@ -171,16 +171,17 @@ def test_no_import_circle_in_the_library():
 
 
 def test_the_graph_sees_a_circle_through_a_function_local_import():
-    # The mechanism itself: a circle hidden in a function (registry -> base inside adapter_for, as before issue 48's
-    # fix) is found, named, and a TYPE_CHECKING import is not one.
+    # The mechanism itself: a circle hidden in a function (LoadedPipeline's default adapter imported models.sd inside
+    # __post_init__ before issue 48) is found and named; a TYPE_CHECKING import is not one.
     base = os.path.join(ROOT, PACKAGE, "models", "base.py")
     with open(base, encoding="utf-8") as f:
         text = f.read()
     hidden = text + "\n\ndef _default():\n    from .sd import ADAPTER\n    return ADAPTER\n"
     found = cycles(import_graph(overrides={"ddpo_grpo.models.base": hidden}))
+    local_line, sd_line = hidden.count("\n") - 1, _line_of(PACKAGE + "/models/sd.py", "from .base")
     assert [describe(c) for c in found] == [
-        "ddpo_grpo.models.base -> ddpo_grpo.models.sd (line %d of ddpo_grpo.models.base) -> ddpo_grpo.models.base "
-        "(line %d of ddpo_grpo.models.sd)" % (hidden.count("\n") - 1, _line_of(PACKAGE + "/models/sd.py", "from .base"))]
+        f"ddpo_grpo.models.base -> ddpo_grpo.models.sd (line {local_line} of ddpo_grpo.models.base) -> "
+        f"ddpo_grpo.models.base (line {sd_line} of ddpo_grpo.models.sd)"]
     typed = text + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .sd import ADAPTER\n"
     assert not cycles(import_graph(overrides={"ddpo_grpo.models.base": typed}))
 
