@@ -4,7 +4,7 @@ The floor is what an epoch cannot do without: the same model, the same number an
 calls as the trainer, and nothing else.
 
   (a) sampling: num_batches_per_epoch x num_steps forwards at batch B (2B with CFG), under no_grad;
-  (b) training: the trainer's own call plan (`training.training_calls`: the same sample-timesteps per
+  (b) training: the trainer's own call plan (`update.training_calls`: the same sample-timesteps per
       call and the same calls per optimizer step), each call a forward + backward of a scalar loss,
       and an AdamW step at the trainer's cadence. With train.beta > 0 each call also runs the
       reference forward (no_grad), because the algorithm needs it.
@@ -79,7 +79,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     from ddpo_grpo.core.families import get_family
     from ddpo_grpo.trainer.build import make_trainable
     from ddpo_grpo.models import apply_unet_options, load_pipeline
-    from ddpo_grpo.trainer.training import training_calls
+    from ddpo_grpo.trainer.update import training_calls
 
     from ddpo_grpo.trainer.devices import apply_cpu_settings
 

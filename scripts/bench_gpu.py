@@ -256,7 +256,7 @@ def trainer_epoch(config, device: str) -> dict:
 
     from benchmarks.bench_floor import _sync
     from ddpo_grpo.rewards import collect_rewards
-    from ddpo_grpo.trainer import advantages, sampling, training
+    from ddpo_grpo.trainer import advantages, sampling, training, update
     from ddpo_grpo.trainer.build import build_context
 
     acc = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision)
@@ -300,9 +300,9 @@ def trainer_epoch(config, device: str) -> dict:
         cfg = float(s.guidance_scale) != 1.0
         out["sampling_rows"] = int(s.num_batches_per_epoch) * int(s.num_steps) * int(s.batch_size) * (2 if cfg else 1)
         N, T = samples.log_probs.shape
-        columns = training.trainable_columns(samples, config)
+        columns = update.trainable_columns(samples, config)
         steps = sum(idx.numel() * cols.shape[1] for inner in range(int(t.num_inner_epochs))
-                    for idx, cols in training.training_calls(N, T, config, 1, inner, 0, 1, columns)[0])
+                    for idx, cols in update.training_calls(N, T, config, 1, inner, 0, 1, columns)[0])
         out["train_rows"] = int(steps) * (2 if cfg and t.cfg else 1)
         out["train_sample_steps"] = int(steps)
         out["reference_rows"] = out["train_rows"] if t.beta > 0 else 0

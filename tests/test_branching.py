@@ -24,7 +24,7 @@ from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
 from ddpo_grpo.errors import ConfigError, VerificationError
 from ddpo_grpo.trainer.data import KRepeatSampler
 from ddpo_grpo.trainer.sampling import branch_spec
-from ddpo_grpo.trainer.training import cell_training_calls
+from ddpo_grpo.trainer.update import cell_training_calls
 from ddpo_grpo.trainer.verification import verify_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -85,3 +85,37 @@ def test_family_comparisons_only_in_the_families_module():
                     found += [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}"
                               for i, line in enumerate(f, 1) if FAMILY_COMPARISON.search(line)]
     assert not found, "family decided by name outside ddpo_grpo/core/families.py:\n" + "\n".join(found)
+
+
+LAYOUT = os.path.join(ROOT, "docs", "layout.md")
+DOCUMENTED = ("ddpo_grpo", "scripts", "benchmarks")  # the folders whose every module docs/layout.md names
+
+
+def tree_modules() -> list:
+    """Every module under DOCUMENTED (and scripts' shell entry points), as a path from the repository root."""
+    found = []
+    for top in DOCUMENTED:
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found += [os.path.relpath(os.path.join(folder, n), ROOT).replace(os.sep, "/")
+                      for n in files if n.endswith(".py") or (top == "scripts" and n.endswith(".sh"))]
+    return sorted(found)
+
+
+def layout_paths(text: str) -> set:
+    """The paths docs/layout.md names in backticks, `folder/.../name.py`, under DOCUMENTED."""
+    return {p for p in re.findall(r"`([\w./-]+\.(?:py|sh))`", text) if p.split("/")[0] in DOCUMENTED}
+
+
+def test_layout_names_every_module_and_no_stale_one():
+    # A module nobody can find in the layout is one a newcomer never reads; a path that no longer exists misleads.
+    with open(LAYOUT, encoding="utf-8") as f:
+        named = layout_paths(f.read())
+    modules = tree_modules()
+    missing = [m for m in modules if m not in named]
+    stale = sorted(named - set(modules))
+    assert not missing, "docs/layout.md does not name (add a row under 'Every module'): " + ", ".join(missing)
+    assert not stale, "docs/layout.md names modules that do not exist: " + ", ".join(stale)
+    # the check itself: a module removed from the text is reported
+    assert "ddpo_grpo/trainer/update.py" in modules and "ddpo_grpo/trainer/update.py" not in layout_paths(
+        "| `ddpo_grpo/trainer/training.py` | ... |")

@@ -313,12 +313,12 @@ def test_meta_counts_of_a_recam_folder_with_its_checkpoint():
     equal to the real loaded model's, and a full fine-tune's trainable part is ReCamMaster's (adapter.full_trainable)."""
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
-    from ddpo_grpo.models.recam import checkpoint_path
+    from ddpo_grpo.models import recam_checkpoint_path
 
     cfg = grpo.get_config("recam_video_tiny")
     got = count_model(cfg, only_configured=True)
     pipe = load_pipeline(cfg.pretrained.model, torch.float32, "cpu", int(cfg.pretrained.resolution),
-                         recam_checkpoint=checkpoint_path(cfg))
+                         recam_checkpoint=recam_checkpoint_path(cfg))
     pipe.adapter.configure(pipe, cfg)  # the config's frames, as a run configures it
     named = list(inner_model(pipe.unet).named_parameters())
     frags = pipe.adapter.full_trainable

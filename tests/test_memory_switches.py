@@ -94,7 +94,7 @@ def test_lora_bf16_run_is_on_policy_and_full_finetune_keeps_fp32(cache, tmp_path
     holds its denoiser in float32 (master weights)."""
     from ddpo_grpo.core.loss import onpolicy_tolerance
     from ddpo_grpo.trainer.sampling import sample_epoch, sampler_settings
-    from ddpo_grpo.trainer.training import _call_inputs, _score
+    from ddpo_grpo.trainer.rescoring import call_inputs as _call_inputs, score as _score
 
     config = small(grpo.get_config("tiny"))
     config.use_lora, config.lora_rank = True, 4

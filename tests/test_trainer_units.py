@@ -11,7 +11,7 @@ from ddpo_grpo.trainer.advantages import compute_advantages
 from ddpo_grpo.trainer.data import KRepeatSampler
 from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.trainer.training import training_calls
+from ddpo_grpo.trainer.update import training_calls
 from ddpo_grpo.trainer.verification import verify_groups
 
 
@@ -180,7 +180,7 @@ def test_lr_schedule_warmup_is_diffusers_and_decay_follows_the_epoch():
 
 
 def test_adaptive_lr_scale_follows_the_policy_shift():
-    from ddpo_grpo.trainer.build import LR_SCALE_BOUNDS, adapt_lr_scale
+    from ddpo_grpo.trainer.training import LR_SCALE_BOUNDS, adapt_lr_scale
 
     assert adapt_lr_scale(1.0, 2.1e-3, 1e-3) == 1 / 1.5  # over twice the target: smaller steps
     assert adapt_lr_scale(1.0, 0.49e-3, 1e-3) == 1.5  # under half of it: larger steps
@@ -345,7 +345,7 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
     import types
 
     from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
-    from ddpo_grpo.trainer.training import trainable_columns
+    from ddpo_grpo.trainer.update import trainable_columns
 
     from helpers import ddim_scheduler
 
@@ -388,7 +388,7 @@ def test_named_configs_validate(name):
 
 
 def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
-    from ddpo_grpo.trainer.training import training_calls
+    from ddpo_grpo.trainer.update import training_calls
 
     c = _config("tiny_colour_grpo")
     n = c.sample.batch_size * c.sample.num_batches_per_epoch

@@ -15,7 +15,7 @@ from ddpo_grpo.trainer import training_forward
 from ddpo_grpo.trainer.advantages import EpochAdvantages
 from ddpo_grpo.trainer.build import RunContext, RunState
 from ddpo_grpo.trainer.sampling import EpochSamples
-from ddpo_grpo.trainer.training import steps_per_sample
+from ddpo_grpo.trainer.update import steps_per_sample
 
 from helpers import ddim_scheduler, tiny_unet
 

@@ -201,7 +201,7 @@ def test_nonfinite_gradient_norm_is_counted_not_averaged():
 def _first_call_step(ctx, unet, samples):
     """policy_step on the epoch's first training call (its samples x timesteps), with the given weights."""
     from ddpo_grpo.core.policy_step import policy_step
-    from ddpo_grpo.trainer.training import training_calls
+    from ddpo_grpo.trainer.update import training_calls
 
     calls, _ = training_calls(N, T, ctx.config, epoch=0, inner=0, rank=0, per_call=2)
     idx, cols = calls[0]
@@ -255,7 +255,7 @@ def _step(unet, ctx, samples, rows, c):
 
 
 def test_untrained_columns_complement_the_trained_ones():
-    from ddpo_grpo.trainer.training import trainable_columns, untrained_columns
+    from ddpo_grpo.trainer.update import trainable_columns, untrained_columns
 
     ctx = make_ctx()
     samples, _ = make_samples(ctx)

@@ -142,6 +142,36 @@ def model_adapter(path_or_name: str, recam_checkpoint: str = ""):
     return adapter_for(resolve_model_path(path_or_name))
 
 
+def recam_checkpoint_path(config) -> str:
+    """pretrained.recam_checkpoint as a path: a file, or a file inside the model folder (a bundled model's own)."""
+    ckpt = str(config.pretrained.get("recam_checkpoint", "") or "")
+    if ckpt and not os.path.isfile(ckpt) and not os.path.isabs(ckpt):
+        try:
+            inside = os.path.join(resolve_model_path(config.pretrained.model), ckpt)
+        except ModelPathError:
+            return ckpt
+        return inside if os.path.isfile(inside) else ckpt
+    return ckpt
+
+
+def check_recam_checkpoint(config) -> None:
+    """A ReCamMaster checkpoint that cannot be read, has no camera layers or does not fit the Wan folder's
+    transformer is one ConfigError line here, before anything heavy loads. Here rather than in models/recam.py:
+    it resolves the run's model as model_adapter does, and models/recam.py importing this package while
+    model_adapter imports models/recam.py was an import circle."""
+    ckpt = recam_checkpoint_path(config)
+    if not ckpt:
+        return
+    from diffusers import WanTransformer3DModel
+
+    from .recam import RecamAdapter, read_checkpoint
+
+    model_adapter(config.pretrained.model, ckpt)  # a Wan folder, or one line
+    cfg = WanTransformer3DModel.load_config(resolve_model_path(config.pretrained.model), subfolder="transformer",
+                                            local_files_only=True)
+    RecamAdapter.check_checkpoint(read_checkpoint(ckpt, lazy=True), cfg, ckpt)
+
+
 def build_model(name: str, torch_dtype: torch.dtype = torch.float32, device: str = "cpu", resolution: int = 0,
                 num_frames: int = 0, lora: bool = False) -> LoadedPipeline:
     """A BUILT model through its BUILDERS function, each module in component_dtype's choice for a run computing in

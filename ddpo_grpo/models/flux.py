@@ -41,9 +41,11 @@ import torch
 
 from ddpo_grpo.core.families import FlowFamily
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+from .adapter import ModelAdapter
+from .base import DenoiserOutput, LoadedPipeline, PackedDenoiser, component_dtype, default_dtype, \
     folder_vae_dtype, freeze, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
+from .vocabulary import vocabulary
 
 EMBEDDED_GUIDANCE = 3.5  # FluxPipeline's default guidance_scale (FLUX.1-dev's recommended value)
 T5_MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default max_sequence_length
@@ -276,8 +278,6 @@ FLUX_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shift
 
 
 def _words():
-    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
-
     return sorted(set(vocabulary()) | set(EXTRA_WORDS))
 
 

@@ -48,37 +48,6 @@ CAMERA_DIM = 12  # per latent frame: the row-major top 3x4 of the target pose re
 EXPORT_CHECKPOINT = "recammaster.ckpt"  # in an export folder: the DiT as a ReCamMaster checkpoint
 
 
-# ------------------------------------------------------------------------------------------- the run's config
-def checkpoint_path(config) -> str:
-    """pretrained.recam_checkpoint as a path: a file, or a file inside the model folder (a bundled model's own)."""
-    ckpt = str(config.pretrained.get("recam_checkpoint", "") or "")
-    if ckpt and not os.path.isfile(ckpt) and not os.path.isabs(ckpt):
-        from ddpo_grpo.models import ModelPathError, resolve_model_path
-
-        try:
-            inside = os.path.join(resolve_model_path(config.pretrained.model), ckpt)
-        except ModelPathError:
-            return ckpt
-        return inside if os.path.isfile(inside) else ckpt
-    return ckpt
-
-
-def check_config(config) -> None:
-    """A ReCamMaster checkpoint that cannot be read, has no camera layers or does not fit the Wan folder's
-    transformer is one ConfigError line here, before anything heavy loads."""
-    ckpt = checkpoint_path(config)
-    if not ckpt:
-        return
-    from diffusers import WanTransformer3DModel
-
-    from ddpo_grpo.models import model_adapter, resolve_model_path
-
-    model_adapter(config.pretrained.model, ckpt)  # a Wan folder, or one line
-    cfg = WanTransformer3DModel.load_config(resolve_model_path(config.pretrained.model), subfolder="transformer",
-                                            local_files_only=True)
-    RecamAdapter.check_checkpoint(read_checkpoint(ckpt, lazy=True), cfg, ckpt)
-
-
 # --------------------------------------------------------------------------------------------- the camera layers
 class _AddCamera:
     """attn1 forward pre-hook (with kwargs): x_mod + cam_encoder(per-token camera numbers). An object holding its

@@ -21,6 +21,8 @@ from typing import Dict, List, Optional
 
 from ddpo_grpo.errors import ConfigError
 
+from .adapter import ModelAdapter
+
 ENTRY_POINT_GROUP = "ddpo_grpo.models"
 OWN_DISTRIBUTION = "ddpo_grpo"
 DEFAULT_CLASS = "StableDiffusionPipeline"  # a folder without model_index.json (the bundled models, older SD folders)
@@ -46,8 +48,6 @@ def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
 def register(pipeline_class: str, adapter) -> None:
     """An adapter (a ModelAdapter instance) for a pipeline class in this process only: for code that builds its
     own runs. A launched run (scripts/train.py) finds adapters through the entry-point group instead."""
-    from .base import ModelAdapter
-
     if not isinstance(adapter, ModelAdapter):
         raise TypeError(f"register({pipeline_class!r}, ...) takes a ModelAdapter instance, not {type(adapter).__name__}")
     _REGISTERED[pipeline_class] = adapter
@@ -92,8 +92,6 @@ def adapter_for(path: str):
     model_index.json: the bundled models, older SD folders; one ConfigError line for a model_index.json without it). One
     ConfigError line for a class no adapter loads (listing those that do), and for a plugin that cannot be imported
     or whose object is not a ModelAdapter (naming the entry point and its distribution)."""
-    from .base import ModelAdapter
-
     cls = model_index_class(path) or DEFAULT_CLASS
     if cls in _REGISTERED:
         return _REGISTERED[cls]

@@ -7,7 +7,8 @@ from typing import Sequence
 
 import torch
 
-from .base import LoadedPipeline, ModelAdapter, component_dtype, folder_vae_dtype, freeze, load_scheduler
+from .adapter import ModelAdapter
+from .base import LoadedPipeline, component_dtype, folder_vae_dtype, freeze, load_scheduler
 
 
 class SDAdapter(ModelAdapter):

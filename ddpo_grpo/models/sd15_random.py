@@ -3,7 +3,7 @@
 For benchmarks at the scale users run (`pretrained.model = "sd15-random"`): the UNet2DConditionModel has SD 1.5's
 config (~860 M parameters), the CLIP text encoder SD's size (123 M), the AutoencoderKL SD's shape (84 M), and the
 DDIM scheduler SD's betas. What it draws is noise; its speed and memory are SD 1.5's. The tokenizer is a
-word-level CLIP tokenizer over the toy-world words (SD's 49408-token BPE would need its vocabulary files): the
+word-level CLIP tokenizer over the models' vocabulary (SD's 49408-token BPE would need its vocabulary files): the
 text encoder still has SD's 49408-row embedding, and prompts are padded to SD's 77 tokens, so its cost is SD's.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from .sd import ADAPTER  # noqa: F401  (a built model's architecture: its builder module's ADAPTER, model_adapter)
+from .sd import ADAPTER  # the built pipeline's architecture, and model_adapter's answer for a built model
+from .vocabulary import vocabulary
 
 NAME = "sd15-random"
 NATIVE_RESOLUTION = 512  # pixels; latents are resolution / 8
@@ -60,8 +61,8 @@ def sd15_scheduler() -> DDIMScheduler:
 
 
 def build_tokenizer() -> CLIPTokenizer:
-    """A CLIPTokenizer with one token per toy-world word (plus a few generic ones), padded to SD's 77 tokens."""
-    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
+    """A CLIPTokenizer with one token per word of the models' vocabulary (models/vocabulary.py: the toy-world prompt
+    words) plus a few generic ones, padded to SD's 77 tokens."""
     from .tiny import clip_tokenizer
 
     return clip_tokenizer(list(vocabulary()) + list(EXTRA_WORDS), SD_MAX_TOKENS)
@@ -88,9 +89,7 @@ def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dt
     "meta": shapes only), from a forked RNG seeded with SEED, so the caller's random state is untouched. The UNet is
     built first, so its weights are the same whatever torch_dtype.
     """
-    from ddpo_grpo.models import LoadedPipeline
-
-    from .base import component_dtype, default_dtype, freeze
+    from .base import LoadedPipeline, component_dtype, default_dtype, freeze
 
     why = check_resolution(resolution)
     if why:
@@ -108,4 +107,4 @@ def build_sd15_random(resolution: int = NATIVE_RESOLUTION, torch_dtype: torch.dt
         with default_dtype(component_dtype("vae", torch_dtype, dict(vae_config, _class_name="AutoencoderKL"))):
             vae = AutoencoderKL(**vae_config)
     freeze(unet, text_encoder, vae)  # (make_trainable unfreezes what the run trains)
-    return LoadedPipeline(unet, text_encoder, tokenizer, sd15_scheduler(), vae, "ddim", NAME)
+    return LoadedPipeline(unet, text_encoder, tokenizer, sd15_scheduler(), vae, "ddim", NAME, adapter=ADAPTER)

@@ -26,9 +26,11 @@ import torch
 
 from ddpo_grpo.core.families import FlowFamily
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+from .adapter import ModelAdapter
+from .base import DenoiserOutput, LoadedPipeline, PackedDenoiser, component_dtype, default_dtype, \
     folder_vae_dtype, freeze, load_scheduler, pack_condition, unpack_condition
 from .tiny import clip_tokenizer, t5_tokenizer
+from .vocabulary import vocabulary
 
 T5_MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default max_sequence_length
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3",
@@ -210,8 +212,6 @@ EXTRA_WORDS = ("a", "an", "the", "of", "photo", "with", "and", "on", "in")
 
 
 def _words():
-    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
-
     return sorted(set(vocabulary()) | set(EXTRA_WORDS))
 
 
@@ -283,7 +283,7 @@ def build_sd35_medium_random(resolution: int = 512, torch_dtype: torch.dtype = t
     benchmarks: the 2.5 B-parameter MMDiT, CLIP-L, CLIP-G (bigG), T5-XXL (4.8 B) and the 16-channel VAE. Every module
     is created on `device` directly with `torch_dtype` as the default dtype (the transformer with `denoiser_dtype`
     where given: float32 for training, base.component_dtype), so no extra float32 or CPU copy is ever made.
-    Tokenizers are word-level over the toy-world words (real embedding sizes; CLIP 77 tokens, T5 256). What it
+    Tokenizers are word-level over the models' vocabulary (real embedding sizes; CLIP 77 tokens, T5 256). What it
     draws is noise."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel

@@ -26,9 +26,11 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .base import DenoiserOutput, LoadedPipeline, ModelAdapter, PackedDenoiser, component_dtype, default_dtype, \
+from .adapter import ModelAdapter
+from .base import DenoiserOutput, LoadedPipeline, PackedDenoiser, component_dtype, default_dtype, \
     folder_vae_dtype, freeze, load_scheduler, unpack_condition
 from .tiny import clip_tokenizer
+from .vocabulary import vocabulary
 
 NUM_TIME_IDS = 6  # original (h, w), crop top-left (y, x), target (h, w)
 
@@ -174,6 +176,13 @@ def sdxl_scheduler_config() -> dict:
 
 
 TINY_WORDS = ("a", "an", "the", "photo", "of")
+
+
+def _words():
+    """The builds' CLIP words: the models' vocabulary, then TINY_WORDS (in this order: the token ids follow it)."""
+    return list(vocabulary()) + list(TINY_WORDS)
+
+
 TINY_TOKENS = 16
 TINY_RESOLUTION = 32  # pixels; latents (4, 8, 8)
 
@@ -194,13 +203,12 @@ def tiny_unet_config() -> dict:
 def build_tiny(out_dir: str) -> str:
     """The `sdxl-tiny` folder: StableDiffusionXLPipeline's real classes at test size with seeded random weights
     (UNet 1.0 M parameters, two 2-layer CLIP text encoders 32 wide, a 3-level VAE: 32 x 32 px images, (4, 8, 8)
-    latents), tokenizers built here over the toy-world words, written by the pipeline's save_pretrained."""
+    latents), tokenizers built here over the models' vocabulary (models/vocabulary.py), written by the pipeline's
+    save_pretrained."""
     from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
-
-    tok = clip_tokenizer(list(vocabulary()) + list(TINY_WORDS), TINY_TOKENS)
+    tok = clip_tokenizer(_words(), TINY_TOKENS)
     text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, max_position_embeddings=TINY_TOKENS, projection_dim=32,
                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -274,17 +282,15 @@ def build_sdxl_random(resolution: int = SDXL_RESOLUTION, torch_dtype: torch.dtyp
     by 8, the UNet halves twice). Every module is created directly on `device` in `torch_dtype` (the default
     dtype while building; the UNet in `denoiser_dtype` where given: float32 for training, base.component_dtype), so
     building one never holds a float32 copy of a bf16 module; device="meta" gives the shapes alone. The
-    tokenizer is one token per toy-world word (the real 49408-token BPE needs its files), padded to 77 tokens."""
+    tokenizer is one token per vocabulary word (the real 49408-token BPE needs its files), padded to 77 tokens."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
 
     if resolution <= 0 or resolution % 32:
         raise ValueError(f"resolution {resolution} must be a positive multiple of 32 (latents are resolution/8 and "
                          "the UNet halves them twice)")
     device = torch.device(device)
-    tok = clip_tokenizer(list(vocabulary()) + list(TINY_WORDS), SDXL_TOKENS)
+    tok = clip_tokenizer(_words(), SDXL_TOKENS)
     cfg1, cfg2 = sdxl_text_configs(tok)
     fork = [device.index or 0] if device.type == "cuda" else []
     vae_config = sdxl_vae_config(resolution)

@@ -31,7 +31,9 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .base import LoadedPipeline, ModelAdapter, component_dtype, default_dtype, folder_vae_dtype, freeze, load_scheduler
+from .adapter import ModelAdapter
+from .base import LoadedPipeline, component_dtype, default_dtype, folder_vae_dtype, freeze, load_scheduler
+from .vocabulary import vocabulary
 
 COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 NATIVE_HEIGHT, NATIVE_WIDTH, NATIVE_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults (Wan 2.1 480p)
@@ -200,8 +202,6 @@ EXTRA_WORDS = ("a", "an", "the", "of", "video", "with", "and", "on", "in", "movi
 
 
 def _words():
-    from ddpo_grpo.worlds.toyworld.dataset import vocabulary
-
     return sorted(set(vocabulary()) | set(EXTRA_WORDS))
 
 
@@ -282,8 +282,8 @@ def build_wan21_1_3b_random(resolution: int = 0, num_frames: int = 0, torch_dtyp
     memory benchmarks: the 1.4 B-parameter WanTransformer3DModel, UMT5-XXL's encoder (5.7 B) and the Wan VAE. Every
     module is created on `device` directly in its dtype (text encoder: `torch_dtype`; transformer: `denoiser_dtype`
     where given, float32 for training; VAE: base.component_dtype's, float32 for Wan's), so no extra float32 or CPU copy
-    is ever made. The tokenizer is word-level over the toy-world words (the real 256384-row embedding; prompts padded to 512
-    tokens as WanPipeline does). resolution 0 / num_frames 0: 480x832 px, 81 frames. What it draws is noise."""
+    is ever made. The tokenizer is word-level over the models' vocabulary (the real 256384-row embedding; prompts
+    padded to 512 tokens as WanPipeline does). resolution 0 / num_frames 0: 480x832 px, 81 frames. What it draws is noise."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 

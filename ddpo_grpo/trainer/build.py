@@ -30,7 +30,7 @@ class RunState:
     global_step: int = 0  # optimizer steps taken
     history: list = field(default_factory=list)  # per-epoch reward means, for the reward curve
     timesteps_per_call: int = 0  # chosen by the auto probe (train.timesteps_per_call = 0)
-    lr_scale: float = 1.0  # train.target_shift_kl's adaptive factor on the learning rate (adapt_lr_scale)
+    lr_scale: float = 1.0  # train.target_shift_kl's adaptive factor on the learning rate (training.adapt_lr_scale)
     guard: dict = field(default_factory=dict)  # hacking.py: start-model drift, evals, alarms, best by gold
 
     def state_dict(self) -> Dict[str, Any]:
@@ -160,9 +160,9 @@ def validate_config(config, num_processes: int) -> str:
     s, t = config.sample, config.train
     family = model_family(config)
     check_resolution(config)
-    from ddpo_grpo.models.recam import check_config as check_recam
+    from ddpo_grpo.models import check_recam_checkpoint
 
-    check_recam(config)  # pretrained.recam_checkpoint: readable, camera layers, fits the folder
+    check_recam_checkpoint(config)  # pretrained.recam_checkpoint: readable, camera layers, fits the folder
     get_family(family).check_sample_config(s)  # eta > 0 (DDIM), noise_level > 0 (flow), windows for flow only
     if s.sde_type not in SDE_TYPES:
         raise ConfigError(f"sample.sde_type={s.sde_type!r}; choose one of {SDE_TYPES}")
@@ -279,23 +279,6 @@ def lr_factor(schedule: str, warmup_steps: int, num_epochs: int, state: RunState
     return factor
 
 
-LR_SCALE_BOUNDS = (1e-2, 1e2)  # the adaptive factor stays within these multiples of train.learning_rate
-
-
-def adapt_lr_scale(scale: float, shift_kl: float, target: float) -> float:
-    """train.target_shift_kl: the next epoch's lr factor from this epoch's policy shift (training.policy_shift_kl),
-    the adaptive rule of PPO implementations (rl_games' "adaptive" schedule): divide by 1.5 when the shift was
-    over twice the target (or not finite), multiply by 1.5 when under half of it, keep it in between; clamped to
-    LR_SCALE_BOUNDS. Why: the clipped ratio of a mean-over-dims log-prob does not see a shift that redraws the
-    image, so the step size, not the clip, decides whether an update breaks the model (docs/efficacy.md), and a
-    fixed lr that is safe early is too slow later, or the other way round."""
-    if not math.isfinite(shift_kl) or shift_kl > 2.0 * target:
-        scale /= 1.5
-    elif shift_kl < 0.5 * target:
-        scale *= 1.5
-    return min(max(scale, LR_SCALE_BOUNDS[0]), LR_SCALE_BOUNDS[1])
-
-
 def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trainable=()) -> torch.optim.Optimizer:
     """LoRA adapters (peft, on the architecture's target_modules: ModelAdapter.lora_target_modules) or the full
     denoiser made trainable (only the parameters whose names hold one of `full_trainable`'s fragments where it is
@@ -339,7 +322,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from ddpo_grpo.core.offload import park
     from ddpo_grpo.models.base import run_dtype
     from .embeddings import PromptEmbeddings, dataset_prompts
-    from ddpo_grpo.models.recam import checkpoint_path as recam_checkpoint_path
+    from ddpo_grpo.models import recam_checkpoint_path
 
     import time
 

@@ -27,33 +27,15 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+# The counts (ModelCounts) are meta_counts' idea, built there; the plan is arithmetic over them, so the arrow goes
+# one way: memory_plan reads meta_counts, never the reverse.
+from .meta_counts import ModelCounts, count_model
+
 GiB = float(2 ** 30)
 MARGIN = 0.10  # of the device's memory, not planned per tensor: context, fragmentation, phase peaks
 DTYPE_BYTES = {"no": 4, "bf16": 2, "fp16": 2}
 ADAM_STATES = 2  # AdamW: exp_avg and exp_avg_sq, fp32
 ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
-
-
-@dataclass
-class ModelCounts:
-    """Parameter and activation counts of one model at one config's shapes (count_model builds it)."""
-
-    denoiser: int  # parameters of the denoiser
-    lora: Optional[int]  # LoRA parameters at the config's rank on the adapter's target modules
-    full_trainable: int  # parameters a full fine-tune trains (the whole denoiser unless the adapter names a part)
-    text_encoders: Dict[str, int]  # frozen, in the run's dtype
-    vae: int
-    vae_bytes: Dict[str, int]  # run precision -> bytes per VAE parameter (models.base.component_dtype's rule)
-    condition_elems: int  # one prompt's embedding, L x D (+ pooled vectors)
-    num_prompts: int  # embeddings cached over a run: training + eval conditions + the negative prompt
-    act_bytes: Optional[int]  # fp32 bytes saved for backward by one training row (one sample at one timestep)
-    act_bytes_ckpt: Optional[int]  # the same with gradient checkpointing: block inputs + the largest block's
-    # recompute (None: not counted, count_model's only_configured)
-    sample_shape: Tuple[int, ...] = ()  # the denoised sample's (C, [F,] H, W), for the reader
-    act_precision: str = "no"  # the precision act_bytes* were counted in ("bf16"/"fp16": under autocast's rules)
-    trained_steps: int = 1  # trainable stored steps per sample (sampler's columns with std >= train.min_step_std)
-    sampling_bytes: Optional[int] = None  # working set of one no-grad sampling call (all its rows, CFG included)
-    decode_bytes: Optional[int] = None  # working set of decoding one sampling batch (a video: all its frames)
 
 
 @dataclass
@@ -274,11 +256,11 @@ def _environ(env):
 
 def training_call(config, trained_steps: int) -> Tuple[int, int]:
     """(samples b, timesteps S) of the largest training call, from the functions that make the calls
-    (trainer/training.py): training_calls' plan at train.timesteps_per_call, or under 0 (auto) at the probe's
+    (trainer/update.py): training_calls' plan at train.timesteps_per_call, or under 0 (auto) at the probe's
     largest size, all trained steps in one call (probe_sizes; the probe runs it at real shape, so it is the peak);
     one column per row for branched trajectories (cell_training_calls). trained_steps: trainable stored steps per
     sample (ModelCounts.trained_steps); N: sample.batch_size x num_batches_per_epoch samples per process."""
-    from .training import cell_training_calls, probe_sizes, steps_per_sample, training_calls
+    from .update import cell_training_calls, probe_sizes, steps_per_sample, training_calls
 
     N = int(config.sample.batch_size) * int(config.sample.num_batches_per_epoch)
     if config.sample.get("branch_steps", ()):
@@ -339,8 +321,6 @@ def format_plan(rows, engine: Engine, precision: str) -> List[str]:
 def report(config, environ=None) -> List[str]:
     """The plan's lines for this config and launch (module docstring), with the verdict and the switches that would
     make it fit when the device's memory is known."""
-    from .meta_counts import count_model
-
     engine = launch_engine(environ)
     precision = precision_of(config, environ)
     capacity = device_memory_gib(config)

@@ -12,14 +12,35 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Dict, Optional
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpo_grpo.models.base import inner_model
 
-from .memory_plan import ModelCounts
+
+@dataclass
+class ModelCounts:
+    """Parameter and activation counts of one model at one config's shapes (count_model builds it)."""
+
+    denoiser: int  # parameters of the denoiser
+    lora: Optional[int]  # LoRA parameters at the config's rank on the adapter's target modules
+    full_trainable: int  # parameters a full fine-tune trains (the whole denoiser unless the adapter names a part)
+    text_encoders: Dict[str, int]  # frozen, in the run's dtype
+    vae: int
+    vae_bytes: Dict[str, int]  # run precision -> bytes per VAE parameter (models.base.component_dtype's rule)
+    condition_elems: int  # one prompt's embedding, L x D (+ pooled vectors)
+    num_prompts: int  # embeddings cached over a run: training + eval conditions + the negative prompt
+    act_bytes: Optional[int]  # fp32 bytes saved for backward by one training row (one sample at one timestep)
+    act_bytes_ckpt: Optional[int]  # the same with gradient checkpointing: block inputs + the largest block's
+    # recompute (None: not counted, count_model's only_configured)
+    sample_shape: Tuple[int, ...] = ()  # the denoised sample's (C, [F,] H, W), for the reader
+    act_precision: str = "no"  # the precision act_bytes* were counted in ("bf16"/"fp16": under autocast's rules)
+    trained_steps: int = 1  # trainable stored steps per sample (sampler's columns with std >= train.min_step_std)
+    sampling_bytes: Optional[int] = None  # working set of one no-grad sampling call (all its rows, CFG included)
+    decode_bytes: Optional[int] = None  # working set of decoding one sampling batch (a video: all its frames)
 
 
 def condition_shape(pipe) -> tuple:
@@ -76,7 +97,7 @@ def meta_loading():
 
 def meta_pipeline(config):
     """The config's model as a LoadedPipeline on the meta device, configured as a run configures it."""
-    from ddpo_grpo.models import BUILT, load_pipeline
+    from ddpo_grpo.models import BUILT, load_pipeline, recam_checkpoint_path
 
     model, res = config.pretrained.model, int(config.pretrained.resolution)
     if model in BUILT:
@@ -86,7 +107,7 @@ def meta_pipeline(config):
 
         with meta_loading():
             pipe = load_pipeline(model, torch.float32, "meta", res)
-        if recam.checkpoint_path(config):
+        if recam_checkpoint_path(config):
             # ReCamMaster over the Wan folder: its camera layers on the folder's transformer, as RecamAdapter.load
             # builds it, without reading the checkpoint's weights (validate_config has checked that they fit)
             pipe.unet = recam.RecamDenoiser(recam.add_camera_layers(pipe.components["transformer"]))
@@ -253,14 +274,14 @@ def lora_count(pipe, config) -> int:
 
 def trained_steps(config, pipe) -> int:
     """Trainable stored steps per sample: the sampler's stored columns (its stochastic steps, or an SDE window's, the
-    most of any window position) whose std is >= train.min_step_std (training.trainable_columns' rule, on the
+    most of any window position) whose std is >= train.min_step_std (update.trainable_columns' rule, on the
     schedule's stds: ModelFamily.step_stds, no model)."""
     from types import SimpleNamespace
 
     from ddpo_grpo.core.policy_step import schedule_stds
 
     from .sampling import sampler_settings, stochastic_steps
-    from .training import trainable_columns
+    from .update import trainable_columns
 
     n = stochastic_steps(config, pipe.family, pipe.scheduler)
     stds = schedule_stds(pipe.scheduler, sampler_settings(config, pipe.family), int(config.sample.num_steps))

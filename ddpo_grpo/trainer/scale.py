@@ -17,7 +17,7 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .training import steps_per_sample
+from .update import steps_per_sample
 
 
 def _flag(name: str) -> bool:
@@ -37,7 +37,7 @@ def backward_calls_per_step(config):
     """Backward calls the trainer makes per optimizer step, when fixed by the config (else None): each sample
     trains round(T * timestep_fraction) steps, timesteps_per_call of them per call, train.gradient_accumulation_steps
     micro-batches per step. Unknown with the auto probe (timesteps_per_call = 0) or min_step_std (columns chosen
-    from the sampled stds), and for the forward objectives. Branched sampling (training.cell_training_calls) makes
+    from the sampled stds), and for the forward objectives. Branched sampling (update.cell_training_calls) makes
     one call per micro-batch."""
     t, s = config.train, config.sample
     if t.get("objective", "grpo") != "grpo":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 import torch
@@ -16,22 +16,12 @@ import torch
 from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
-from .build import adapt_lr_scale
 from .metrics import EpochMetrics
 from .rescoring import (call_inputs, gather_sampler_gap, rescore_old_logprobs, sampler_gap, score,
                         truncated_is_weight)
+from .update import (cell_training_calls, optimizer_step, probe_sizes, steps_per_sample, trainable_columns,
+                     training_calls, untrained_columns, zero_loss)
 from .verification import check_onpolicy, run_old_logprobs
-
-
-def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
-    """A zero with a graph to every parameter: keeps DDP's reducer in step when a call has nothing to train."""
-    return sum(p.reshape(-1)[0] * 0.0 for p in params)
-
-
-def probe_sizes(T_train: int) -> List[int]:
-    """The timesteps per call the auto probe tries, ascending: 1, 2, 4, 8 and T_train (all trained steps in one call:
-    the largest call, which the memory plan plans for), those <= T_train."""
-    return sorted({s for s in (1, 2, 4, 8, T_train) if s <= T_train})
 
 
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
@@ -61,91 +51,6 @@ def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
         if min(times) < best_t:
             best, best_t = S, min(times)
     return best
-
-
-def trainable_columns(samples: EpochSamples, config) -> torch.Tensor:
-    """Stored steps that are trained: those whose policy std is at least train.min_step_std. The log-prob gradient
-    of a step scales as 1/std^2, so near-deterministic final steps (std ~ 0.005 against 0.15-0.8 elsewhere for
-    DDIM in pixel space) would drown every other step's signal in noise; they are still sampled."""
-    T = samples.log_probs.shape[1]
-    if samples.step_std is None or config.train.min_step_std <= 0:
-        return torch.arange(T)
-    cols = torch.nonzero(samples.step_std >= config.train.min_step_std).flatten()
-    return cols if len(cols) else torch.arange(T)
-
-
-def untrained_columns(samples: EpochSamples, config) -> torch.Tensor:
-    """The stored steps trainable_columns leaves out (empty when every step is trained)."""
-    T = samples.log_probs.shape[1]
-    keep = torch.ones(T, dtype=torch.bool)
-    keep[trainable_columns(samples, config)] = False
-    return torch.nonzero(keep).flatten()
-
-
-def steps_per_sample(n_columns: int, config) -> int:
-    """How many of a sample's n_columns trainable steps (GRPO) or noise levels (the forward objectives) one pass
-    trains: round(n_columns * train.timestep_fraction), at least 1."""
-    return max(1, int(round(n_columns * config.train.timestep_fraction)))
-
-
-def training_calls(N: int, T: int, config, epoch: int, inner: int, rank: int, per_call: int = 0,
-                   columns: torch.Tensor = None):
-    """The epoch's call plan: list of (sample indices (b,), timestep columns (b, S)).
-
-    Samples are shuffled, each sample trains a random subset of round(len(columns) * timestep_fraction) of the
-    trainable columns (default all T), and S = timesteps_per_call of them are stacked into one forward call of
-    b * S rows.
-    """
-    g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
-    columns = torch.arange(T) if columns is None else columns
-    T_train = steps_per_sample(len(columns), config)
-    S = max(1, min(int(per_call or config.train.timesteps_per_call), T_train))
-    perm = torch.randperm(N, generator=g)
-    tperm = torch.stack([columns[torch.randperm(len(columns), generator=g)] for _ in range(N)])[:, :T_train]
-    calls = []
-    for lo in range(0, N, config.train.batch_size):
-        idx = perm[lo:lo + config.train.batch_size]
-        for j in range(0, T_train, S):
-            calls.append((idx, tperm[idx, j:j + S]))
-    calls_per_microbatch = math.ceil(T_train / S)
-    return calls, calls_per_microbatch
-
-
-def cell_training_calls(cells: torch.Tensor, config, epoch: int, inner: int, rank: int,
-                        columns: torch.Tensor = None):
-    """The call plan of branched sampling: list of (sample indices (b,), columns (b, 1)) over the owner cells
-    (cells (N, T) bool: BranchSpec.owner_cells, restricted to `columns`), shuffled and cut into calls of
-    train.batch_size rows. One row per transition: the owner leaf of each child (core.branching). The plan follows
-    the trees' structure, not which trees are valid (an excluded tree's rows are masked in the loss), so every process
-    makes the same number of calls, as DDP needs."""
-    g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, rank, 3)).integers(2**62)))
-    keep = cells.clone()
-    if columns is not None:
-        on = torch.zeros(cells.shape[1], dtype=torch.bool)
-        on[columns] = True
-        keep &= on
-    idx, cols = torch.nonzero(keep, as_tuple=True)
-    perm = torch.randperm(len(idx), generator=g)
-    idx, cols = idx[perm], cols[perm]
-    b = config.train.batch_size
-    return [(idx[lo:lo + b], cols[lo:lo + b, None]) for lo in range(0, len(idx), b)], 1
-
-
-def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
-    """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
-    reference, zero the gradients. Shared by every objective. A skipped step is counted (skipped_steps) and its
-    norm left out of grad_norm, the mean over the steps taken: one inf would otherwise make the epoch's mean inf."""
-    grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
-    if torch.isfinite(torch.as_tensor(grad_norm)):
-        ctx.optimizer.step()
-        ctx.lr_scheduler.step()
-        ctx.state.global_step += 1
-        if ctx.reference is not None:
-            ctx.reference.step()
-        metrics.add("grad_norm", float(grad_norm))
-    else:
-        metrics.add("skipped_steps", 1.0)
-    ctx.optimizer.zero_grad(set_to_none=True)
 
 
 def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) -> Dict[str, float]:
@@ -336,3 +241,20 @@ def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor
     kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=mean_before, std=std), "gaussian")
     # every process must see the same value (train.target_shift_kl sets each process's lr from it)
     return float(ctx.accelerator.gather(kl.mean().reshape(1)).mean())
+
+
+LR_SCALE_BOUNDS = (1e-2, 1e2)  # the adaptive factor stays within these multiples of train.learning_rate
+
+
+def adapt_lr_scale(scale: float, shift_kl: float, target: float) -> float:
+    """train.target_shift_kl: the next epoch's lr factor from this epoch's policy shift (training.policy_shift_kl),
+    the adaptive rule of PPO implementations (rl_games' "adaptive" schedule): divide by 1.5 when the shift was
+    over twice the target (or not finite), multiply by 1.5 when under half of it, keep it in between; clamped to
+    LR_SCALE_BOUNDS. Why: the clipped ratio of a mean-over-dims log-prob does not see a shift that redraws the
+    image, so the step size, not the clip, decides whether an update breaks the model (docs/efficacy.md), and a
+    fixed lr that is safe early is too slow later, or the other way round."""
+    if not math.isfinite(shift_kl) or shift_kl > 2.0 * target:
+        scale /= 1.5
+    elif shift_kl < 0.5 * target:
+        scale *= 1.5
+    return min(max(scale, LR_SCALE_BOUNDS[0]), LR_SCALE_BOUNDS[1])

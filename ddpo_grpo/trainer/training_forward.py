@@ -3,7 +3,7 @@ sampler, rewards, advantages and live check as GRPO, then the denoising loss on 
 (forward_loss.py says what each objective weights).
 
 The call plan mirrors GRPO's so the two cost the same: every sample is trained at as many noise levels as
-GRPO trains steps (training.steps_per_sample: the trainable columns x train.timestep_fraction), one noise
+GRPO trains steps (update.steps_per_sample: the trainable columns x train.timestep_fraction), one noise
 level per row, `train.batch_size` rows per call, and one optimizer step per `gradient_accumulation_steps` x
 that many calls. Every process runs the same number of calls whatever its weights (rows of weight 0
 contribute zero), so DDP never waits.
@@ -23,7 +23,7 @@ from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, raft_loss
 from .sampling import EpochSamples
 from .metrics import EpochMetrics
-from .training import optimizer_step, steps_per_sample, trainable_columns, zero_loss
+from .update import optimizer_step, steps_per_sample, trainable_columns, zero_loss
 
 
 def final_x0(samples: EpochSamples, pipe, num_steps: int) -> torch.Tensor:
