@@ -92,13 +92,13 @@ DOCUMENTED = ("ddpo_grpo", "scripts", "benchmarks")  # the folders whose every m
 
 
 def tree_modules() -> list:
-    """Every module under DOCUMENTED (and scripts' shell entry points), as a path from the repository root."""
+    """Every module under DOCUMENTED (and the shell entry points of scripts/ and benchmarks/), as a path from the repository root."""
     found = []
     for top in DOCUMENTED:
         for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             found += [os.path.relpath(os.path.join(folder, n), ROOT).replace(os.sep, "/")
-                      for n in files if n.endswith(".py") or (top == "scripts" and n.endswith(".sh"))]
+                      for n in files if n.endswith(".py") or (top in ("scripts", "benchmarks") and n.endswith(".sh"))]
     return sorted(found)
 
 
