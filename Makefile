@@ -22,7 +22,7 @@ $(BIN)/.installed: setup.py
 install: $(BIN)/.installed
 
 test: install
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(BIN)/python -m pytest -q tests
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(BIN)/python -m pytest -q --durations=25 tests
 
 # One thread (accelerate's default for a CPU process): the demo's numbers in the README then reproduce bit for bit.
 demo: install
