@@ -167,7 +167,7 @@ def config_for(args, point):
     return point_config(args, model, B, cfg, mode, SWITCHES.get(sw, {}))
 
 
-def memory_plan_gib(config, capacity_gib: float = GPU_CHECK_MEMORY_GIB):
+def memory_plan_gib(config, capacity_gib: float = GPU_CHECK_MEMORY_GIB, counts=None):
     """(the memory plan's total per device in GiB, whether it fits `capacity_gib`) for a one-process launch, read
     from memory_plan.report's lines (the plan print_plan prints at a run's start: one definition of the number)."""
     from ddpo_grpo.trainer.memory_plan import report
@@ -175,7 +175,7 @@ def memory_plan_gib(config, capacity_gib: float = GPU_CHECK_MEMORY_GIB):
     before = config.device_memory_gb
     config.device_memory_gb = capacity_gib  # the verdict for an 80 GB card, also on a CPU
     try:
-        lines = report(config, environ={})
+        lines = report(config, environ={}, counts=counts)
     finally:
         config.device_memory_gb = before
     total = next(float(line.split(":", 1)[1].split()[0]) for line in lines if line.startswith("total per device:"))
@@ -186,18 +186,16 @@ def gpu_check_counts(args, model: str) -> dict:
     """What gpu_check.sh reads beside the measured rows, from meta-device builds (no GPU): the memory plan of the
     point (its peak is compared with it), whether the plan needs gradient checkpointing on 80 GB (it must agree with
     GPU_CHECK's choice, else one line, exit 2), and count_flops' FLOPs per row (the MFU)."""
-    import ddpo_grpo.trainer.meta_counts as meta_counts
+    from ddpo_grpo.trainer.meta_counts import count_model
 
     config = gpu_check_config(args, model)
     # The two plans differ only in gradient checkpointing; the meta count (most of the time: a T5-XXL and the
-    # denoiser built on "meta") holds both activation figures when a capacity is given, so it is made once.
-    count_model, made = meta_counts.count_model, []
-    meta_counts.count_model = lambda *a, **kw: made[0] if made else made.append(count_model(*a, **kw)) or made[0]
-    try:
-        plan_gib, fits = memory_plan_gib(config)
-        _, fits_without = memory_plan_gib(gpu_check_config(args, model, ckpt=False))
-    finally:
-        meta_counts.count_model = count_model
+    # denoiser built on "meta") holds both activation figures when made with only_configured=False, so it is made
+    # once per model and passed to both plans (it used to be swapped in by monkeypatching meta_counts.count_model,
+    # which memory_plan's own import of the name kept after the first model: every later build got sd15's counts).
+    counts = count_model(config, only_configured=False, precision=config.mixed_precision)
+    plan_gib, fits = memory_plan_gib(config, counts=counts)
+    _, fits_without = memory_plan_gib(gpu_check_config(args, model, ckpt=False), counts=counts)
     ckpt = bool(config.gradient_checkpointing)
     if ckpt == fits_without:
         fail(f"{model}: GPU_CHECK says gradient checkpointing {'on' if ckpt else 'off'}, but the memory plan "

@@ -318,14 +318,17 @@ def format_plan(rows, engine: Engine, precision: str) -> List[str]:
     return out
 
 
-def report(config, environ=None) -> List[str]:
+def report(config, environ=None, counts: Optional[ModelCounts] = None) -> List[str]:
     """The plan's lines for this config and launch (module docstring), with the verdict and the switches that would
-    make it fit when the device's memory is known."""
+    make it fit when the device's memory is known. counts: count_model's result for this model, precision and
+    sizes when the caller already has it (made with only_configured=False: it holds every switch's figures), so
+    that plans of the same model under other switches need not rebuild it on meta."""
     engine = launch_engine(environ)
     precision = precision_of(config, environ)
     capacity = device_memory_gib(config)
-    counts = count_model(config, only_configured=capacity is None, precision=precision)  # no verdict: no
-    s = settings_of(config, precision, counts.trained_steps)  # search, count what it reads
+    if counts is None:  # no verdict: no search, count what it reads
+        counts = count_model(config, only_configured=capacity is None, precision=precision)
+    s = settings_of(config, precision, counts.trained_steps)
     rows = plan(counts, s, engine)
     lines = format_plan(rows, engine, precision)
     held = host(counts, s)
