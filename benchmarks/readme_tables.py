@@ -60,7 +60,8 @@ def demo_block(run_dir: str) -> str:
 def suite_block(path: str) -> str:
     s = json.load(open(path))
     secs = float(s["seconds"])
-    return (f"{s['passed']} passed, {s['skipped']} skipped in {int(secs // 60)} min {int(round(secs % 60))} s "
+    failed = f"{s['failed']} failed, " if s.get("failed") else ""  # a run with failures says so in the README too
+    return (f"{s['passed']} passed, {failed}{s['skipped']} skipped in {int(secs // 60)} min {int(round(secs % 60))} s "
             f"(fresh clone at {s['commit']}, {s['date']})")
 
 

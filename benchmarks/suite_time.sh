@@ -21,9 +21,10 @@ end=$(date +%s)
 last=$(grep -E "^[=]* ?[0-9]+ (passed|failed)" "$log" | tail -n 1)
 passed=$(grep -oE "[0-9]+ passed" <<<"$last" | grep -oE "[0-9]+" || echo 0)
 skipped=$(grep -oE "[0-9]+ skipped" <<<"$last" | grep -oE "[0-9]+" || echo 0)
+failed=$(grep -oE "[0-9]+ failed" <<<"$last" | grep -oE "[0-9]+" || echo 0)
 mkdir -p "$(dirname "$out")"
-printf '{"passed": %s, "skipped": %s, "seconds": %s, "commit": "%s", "date": "%s", "rc": %s, "summary": "%s"}\n' \
-    "$passed" "$skipped" "$((end - start))" "$commit" "$(date +%F)" "$rc" "$last" >"$out"
+printf '{"passed": %s, "failed": %s, "skipped": %s, "seconds": %s, "commit": "%s", "date": "%s", "rc": %s, "summary": "%s"}\n' \
+    "$passed" "$failed" "$skipped" "$((end - start))" "$commit" "$(date +%F)" "$rc" "$last" >"$out"
 cat "$out"
 cp "$log" "$(dirname "$out")/suite.log"
 rm -rf "$work"
