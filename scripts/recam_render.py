@@ -18,7 +18,6 @@ the Wan adapter's WanPipeline.encode_prompt (512 tokens, zero-padded, as ReCamMa
 before the model loads.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -64,25 +63,15 @@ def read_source(path: str, frames: int = 0, height: int = 0, width: int = 0) -> 
 def read_camera(spec: str, num_frames: int) -> torch.Tensor:
     """(F_latent, 12) camera numbers: a .npy / .json file, "world:<preset>" of the video camera world, or one of
     ReCamMaster's ten trajectories (cam_type 1-10 or its name)."""
-    F_lat = (num_frames - 1) // 4 + 1
+    from ddpo_grpo.worlds.recam.recammaster_cameras import latent_frames, read_camera_file, trajectory_numbers
+
     if spec.endswith((".npy", ".json")):
-        if not os.path.isfile(spec):
-            raise ConfigError(f"--camera {spec!r} is not a file")
-        try:
-            x = np.load(spec) if spec.endswith(".npy") else json.load(open(spec))
-            x = np.asarray(x, dtype=np.float32)
-        except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"--camera {spec!r} cannot be read ({type(e).__name__})") from None
-        if x.shape != (F_lat, 12) or not np.isfinite(x).all():
-            raise ConfigError(f"--camera {spec!r} is {x.shape}; {num_frames} frames need finite ({F_lat}, 12)")
-        return torch.from_numpy(x)
+        return torch.from_numpy(read_camera_file(spec, num_frames, "--camera"))
     if spec.startswith("world:"):
         from ddpo_grpo.worlds.recam import video
 
         return torch.as_tensor(video.preset_camera_numbers(spec[len("world:"):], num_frames), dtype=torch.float32)
-    from ddpo_grpo.worlds.recam.recammaster_cameras import trajectory_numbers
-
-    return torch.from_numpy(trajectory_numbers(spec, F_lat))
+    return torch.from_numpy(trajectory_numbers(spec, latent_frames(num_frames)))
 
 
 @torch.no_grad()

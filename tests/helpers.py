@@ -166,3 +166,18 @@ def finish_plain_export(proc: subprocess.Popen, tmp_path, timeout: float = 180) 
     got = torch.load(tmp_path / "plain_out.pt")
     assert got["loaded"] == []  # plain diffusers: nothing of ddpo_grpo was imported
     return got
+
+
+def write_mp4(path, frames_u8, fps=15):
+    """An mp4 written with PyAV directly (not the library's writer, so a reader test does not read its own output):
+    (F, H, W, 3) uint8."""
+    import av
+
+    with av.open(str(path), "w") as c:
+        st = c.add_stream("libx264", rate=fps)
+        st.height, st.width, st.pix_fmt = frames_u8.shape[1], frames_u8.shape[2], "yuv420p"
+        for f in frames_u8:
+            for p in st.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(p)
+        for p in st.encode():
+            c.mux(p)

@@ -15,6 +15,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ddpo_grpo.errors import ConfigError
+from helpers import write_mp4
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, FRAMES = 32, 5  # wan-tiny: latents (16, 2, 4, 4)
@@ -432,20 +433,6 @@ def test_render_matches_an_independent_euler_loop(pipe, ckpt, wan_folder, tmp_pa
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
 
-def _write_mp4(path, frames_u8, fps=15):
-    """An mp4 written with PyAV directly (not the library's writer): (F, H, W, 3) uint8."""
-    import av
-
-    with av.open(str(path), "w") as c:
-        st = c.add_stream("libx264", rate=fps)
-        st.height, st.width, st.pix_fmt = frames_u8.shape[1], frames_u8.shape[2], "yuv420p"
-        for f in frames_u8:
-            for p in st.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                c.mux(p)
-        for p in st.encode():
-            c.mux(p)
-
-
 def test_render_non_square_mp4_as_recammaster_infers(wan_folder, ckpt, tmp_path):
     """An mp4 source of another size and more frames than needed: the first F frames, resized to cover 32 x 48 and
     centre-cropped (the test's own PIL reading of ReCamMaster's transform), ReCamMaster's grid at shift 5 and Wan's
@@ -461,7 +448,7 @@ def test_render_non_square_mp4_as_recammaster_infers(wan_folder, ckpt, tmp_path)
 
     g = np.random.default_rng(0)
     base = np.kron(g.integers(0, 256, (7, 5, 9, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)  # blocky: survives H.264
-    _write_mp4(tmp_path / "src.mp4", base)  # 7 frames of 40 x 72
+    write_mp4(tmp_path / "src.mp4", base)  # 7 frames of 40 x 72
     with av.open(str(tmp_path / "src.mp4")) as c:
         decoded = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])[:FRAMES]
     H, W = 32, 48  # scale max(48/72, 32/40) = 0.8: 32 x 58 (57.6 rounds up), crop 5 px left

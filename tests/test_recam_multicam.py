@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ddpo_grpo.errors import ConfigError
+from helpers import write_mp4
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VID_H, VID_W, VID_FRAMES, CAMS, SCENES = 40, 56, 81, 3, 4
@@ -29,19 +30,6 @@ def ue_rows(yaw, pitch, loc_cm):
 
 def as_text(rows):
     return " ".join("[" + " ".join(f"{v:.6f}" for v in r) + "]" for r in rows) + " "
-
-
-def write_mp4(path, frames_u8, fps=15):
-    import av
-
-    with av.open(str(path), "w") as c:
-        st = c.add_stream("libx264", rate=fps)
-        st.height, st.width, st.pix_fmt = frames_u8.shape[1], frames_u8.shape[2], "yuv420p"
-        for f in frames_u8:
-            for p in st.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                c.mux(p)
-        for p in st.encode():
-            c.mux(p)
 
 
 def own_numbers(extr, src, tgt, frames):

@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import os
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 

@@ -85,15 +85,15 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     first = None  # (idx, cols, step mean, std) of the epoch's first call, under the sampling policy
     worst = (-1.0, 0, 0)  # (max |r - 1|, sample, column) of the calls before the first optimizer step
     untrained = untrained_columns(samples, config) if config.train.get("kl_steps", "trained") == "all" else None
-    plans = []  # every inner epoch's call plan, fixed before the first update (the re-score scores exactly these)
-    for inner in range(config.train.num_inner_epochs):
-        if adv.cell_mask is None:
-            plans.append(training_calls(N, T, config, epoch, inner, acc.process_index, per_call,
-                                        trainable_columns(samples, config)))
-        else:
-            owners = torch.from_numpy(ctx.tree.owner_cells(N))
-            plans.append(cell_training_calls(owners, config, epoch, inner, acc.process_index,
-                                             trainable_columns(samples, config)))
+    # every inner epoch's call plan, fixed before the first update (the re-score scores exactly these)
+    columns = trainable_columns(samples, config)
+    if adv.cell_mask is None:
+        plans = [training_calls(N, T, config, epoch, inner, acc.process_index, per_call, columns)
+                 for inner in range(config.train.num_inner_epochs)]
+    else:
+        owners = torch.from_numpy(ctx.tree.owner_cells(N))
+        plans = [cell_training_calls(owners, config, epoch, inner, acc.process_index, columns)
+                 for inner in range(config.train.num_inner_epochs)]
     rescored = run_old_logprobs(config, acc) == "rescore"
     if rescored:  # train.old_logprobs: the ratio's old log-probs through the training calls themselves (rescoring.py)
         old_tables = rescore_old_logprobs(ctx, settings, samples, [calls for calls, _ in plans])
@@ -167,7 +167,7 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
     device = acc.device
     rows, c, inputs = call_inputs(ctx, settings, samples, idx, cols)
     old = old_table[rows, c].to(device)
-    weights = truncated_is_weight(old_table[rows, c], samples.log_probs[rows, c], is_cap).to(device) if is_cap > 0 else None
+    weights = truncated_is_weight(old, samples.log_probs[rows, c], is_cap) if is_cap > 0 else None
     a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
     keep = mask[rows.to(device)] if mask.ndim == 1 else mask[rows.to(device), c.to(device)]
     ref_res = None

@@ -34,14 +34,14 @@ import os
 import re
 import sys
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .recammaster_cameras import CAM_TYPES, LATENT_STRIDE, NUM_POSE_FRAMES, pair_numbers, pose_frames
+from .recammaster_cameras import CAM_TYPES, LATENT_STRIDE, NUM_POSE_FRAMES, latent_frames, pair_numbers
 from .video_io import cover_crop, read_video
 
 SPLITS = ("train", "eval", "all")
@@ -118,7 +118,7 @@ class MultiCamConditions:
         self.root, self.split = root, split
         self.num_frames, self.height, self.width = int(num_frames), int(height), int(width)
         self.stride = frame_stride(num_frames)
-        self.num_latent = (self.num_frames - 1) // LATENT_STRIDE + 1
+        self.num_latent = latent_frames(self.num_frames)
         log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         captions = read_captions(root)
         scenes = find_scenes(root)
@@ -216,7 +216,7 @@ class RecamFolder:
     = row * 100 + cam_type (0 for a file). Items as MultiCamConditions' without a target video."""
 
     def __init__(self, root: str, cameras: str = "all", num_frames: int = 81, height: int = 480, width: int = 832):
-        from .recammaster_cameras import trajectory_numbers
+        from .recammaster_cameras import read_camera_file, trajectory_numbers
 
         meta = os.path.join(root, "metadata.csv")
         if not os.path.isfile(meta):
@@ -231,17 +231,10 @@ class RecamFolder:
             if why:
                 raise ConfigError(f"recam_folder: {path}: {why}")
         self.num_frames, self.height, self.width = int(num_frames), int(height), int(width)
-        n_lat = (self.num_frames - 1) // LATENT_STRIDE + 1
+        n_lat = latent_frames(self.num_frames)
         spec = str(cameras).strip()
         if spec.endswith((".npy", ".json")):
-            try:
-                arr = np.load(spec) if spec.endswith(".npy") else json.load(open(spec))
-                arr = np.asarray(arr, dtype=np.float32)
-            except Exception as e:  # noqa: BLE001
-                raise ConfigError(f"data.cameras {spec!r} cannot be read ({type(e).__name__})") from None
-            if arr.shape != (n_lat, 12) or not np.isfinite(arr).all():
-                raise ConfigError(f"data.cameras {spec!r} is {arr.shape}; {self.num_frames} frames need ({n_lat}, 12)")
-            self.trajs = [(0, arr)]
+            self.trajs = [(0, read_camera_file(spec, self.num_frames, "data.cameras"))]
         else:
             names = list(CAM_TYPES) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
             self.trajs = []

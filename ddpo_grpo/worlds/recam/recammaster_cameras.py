@@ -96,6 +96,26 @@ def _table() -> dict:
         return json.load(f)
 
 
+def latent_frames(num_frames: int) -> int:
+    """Latent frames of a clip of num_frames pixel frames (Wan's VAE: the first alone, then LATENT_STRIDE per latent)."""
+    return (int(num_frames) - 1) // LATENT_STRIDE + 1
+
+
+def read_camera_file(spec: str, num_frames: int, what: str) -> np.ndarray:
+    """A user's (F', 12) camera numbers from a .npy or .json file for a clip of num_frames frames; anything else
+    (missing, unreadable, another shape, not finite) is one ConfigError naming `what` (the option it came from)."""
+    n_lat = latent_frames(num_frames)
+    if not os.path.isfile(spec):
+        raise ConfigError(f"{what} {spec!r} is not a file")
+    try:
+        arr = np.asarray(np.load(spec) if spec.endswith(".npy") else json.load(open(spec)), dtype=np.float32)
+    except Exception as e:  # noqa: BLE001 - every unreadable file is the same one line
+        raise ConfigError(f"{what} {spec!r} cannot be read ({type(e).__name__})") from None
+    if arr.shape != (n_lat, 12) or not np.isfinite(arr).all():
+        raise ConfigError(f"{what} {spec!r} is {arr.shape}; {num_frames} frames need finite ({n_lat}, 12)")
+    return arr
+
+
 def trajectory_numbers(spec: Union[int, str], num_latent: int = NUM_POSE_FRAMES) -> np.ndarray:
     """float32 (num_latent, 12): ReCamMaster's inference trajectory `spec` (a cam_type 1-10, as int or string, or its
     name, e.g. "pan right"), read at its 21 poses; fewer latent frames take the poses at evenly spaced times of the
