@@ -29,8 +29,9 @@ def test_recam_geometry_dry_run_for_8_processes():
     assert latent == (16, 21, 60, 104)
     tokens = (latent[2] // patch, latent[3] // patch)
     assert tokens == (30, 52)
-    assert (f"  planned sample: {frames} frames x {height} x {width} px, denoised as "
-            f"{' x '.join(map(str, latent))}, {tokens[0]} x {tokens[1]} tokens per latent frame") in p.stdout.splitlines()
+    want = (f"  planned sample: {frames} frames x {height} x {width} px, denoised as {' x '.join(map(str, latent))}, "
+            f"{tokens[0]} x {tokens[1]} tokens per latent frame")
+    assert want in p.stdout.splitlines()
 
 
 def test_recam_image_tiny_two_processes_reproduces_the_seed_report_checks(tmp_path):

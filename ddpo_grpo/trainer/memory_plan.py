@@ -333,8 +333,8 @@ def report(config, environ=None, counts: Optional[ModelCounts] = None) -> List[s
     lines = format_plan(rows, engine, precision)
     if counts.pixel_shape:  # the shape the plan counted: what a real-shape dry run is checked against
         px = counts.pixel_shape
-        lines.insert(1, "  planned sample: " + (f"{px[0]} frames x " if len(px) == 3 else "") + f"{px[-2]} x {px[-1]} px"
-                     + ", denoised as " + " x ".join(str(d) for d in counts.sample_shape)
+        lines.insert(1, "  planned sample: " + (f"{px[0]} frames x " if len(px) == 3 else "")
+                     + f"{px[-2]} x {px[-1]} px, denoised as " + " x ".join(str(d) for d in counts.sample_shape)
                      + (f", {counts.tokens_per_frame[0]} x {counts.tokens_per_frame[1]} tokens per latent frame"
                         if counts.tokens_per_frame else ""))
     held = host(counts, s)

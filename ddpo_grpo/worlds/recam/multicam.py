@@ -119,7 +119,8 @@ def read_extrinsics(cam_file: str) -> dict:
             with open(cam_file) as f:
                 _EXTRINSICS[key] = json.load(f)
         except (OSError, ValueError) as e:
-            raise ConfigError(f"multicam: {cam_file}: {'missing' if isinstance(e, OSError) else 'damaged JSON'}") from None
+            why = "missing" if isinstance(e, OSError) else "damaged JSON"
+            raise ConfigError(f"multicam: {cam_file}: {why}") from None
         while len(_EXTRINSICS) > EXTRINSICS_CACHE:
             _EXTRINSICS.popitem(last=False)
     _EXTRINSICS.move_to_end(key)
