@@ -63,7 +63,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Video models (Wan): frames per sample, 1 + 4k (the VAE compresses time 4x); 0 = the model's default (81).
     # Image models ignore it.
     config.pretrained.num_frames = 0
-    # Video models (Wan, ReCamMaster): a non-square size in px; 0 = pretrained.resolution's square (or 480 x 832)
+    # Video models (Wan, ReCamMaster): a non-square size in px; 0 = pretrained.resolution's square (or 480 x 832).
+    # Image models sample pretrained.resolution's square and refuse them (one line, exit 2: trainer/build.py).
     config.pretrained.height = 0
     config.pretrained.width = 0
     # ReCamMaster (models/recam.py): its checkpoint (.ckpt / .pt / .safetensors, original Wan keys + camera layers)

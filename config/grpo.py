@@ -323,13 +323,16 @@ def recam():
         --config.pretrained.model=/path/Wan2.1-T2V-1.3B-Diffusers --config.pretrained.recam_checkpoint=/path/step20000.ckpt
 
     The default model is its random real-shape build (recam-1.3b-random, GPU only), so a dry run checks the geometry
-    anywhere. Conditions: the video camera world (data.name recam_video) at 81 frames, 480 px square; a user's own
-    dataset plugs in as items with "source_video" (F, 3, H, W) and "cameras" (F', 12) (docs/recam.md)."""
+    anywhere. Size: ReCamMaster's only one, 81 frames x 480 x 832 px (21 latent frames x 60 x 104, 30 x 52 tokens per
+    frame). Conditions: the video camera world (data.name recam_video) rendered at that size; MultiCamVideo
+    (data.name multicam) or a user's own dataset as items with "source_video" (F, 3, H, W) and "cameras" (F', 12)
+    (docs/recam.md)."""
     config = _recam_seed_report(base.get_config())
     config.data.name = "recam_video"
     config.pretrained.model = "recam-1.3b-random"
     config.pretrained.recam_checkpoint = ""
-    config.pretrained.resolution = 480
+    config.pretrained.resolution = 0  # the size is height x width below
+    config.pretrained.height, config.pretrained.width = 480, 832  # ReCamMaster's 480 x 832 (models.wan.set_size)
     config.pretrained.num_frames = 81
     config.gradient_checkpointing = True
     config.use_lora = False
@@ -380,6 +383,7 @@ def recam_video_tiny():
     config.sample.flow_grid, config.sample.flow_shift, config.sample.negative_prompt = "scheduler", 0.0, ""
     config.pretrained.recam_checkpoint = "recammaster.ckpt"  # inside the model folder
     config.pretrained.resolution = 32
+    config.pretrained.height, config.pretrained.width = 0, 0  # resolution's square, as measured
     config.pretrained.num_frames = 9
     config.data.num_conditions = 0  # all 512 training conditions
     config.eval.split = "eval"  # held-out

@@ -444,7 +444,7 @@ def test_render_non_square_mp4_as_recammaster_infers(wan_folder, ckpt, tmp_path)
     import recam_render
 
     from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.models.wan import WAN_NEGATIVE_PROMPT
+    from test_recam_grid import RECAMMASTER_NEGATIVE_PROMPT  # the test's own copy of ReCamMaster's
 
     g = np.random.default_rng(0)
     base = np.kron(g.integers(0, 256, (7, 5, 9, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)  # blocky: survives H.264
@@ -467,7 +467,7 @@ def test_render_non_square_mp4_as_recammaster_infers(wan_folder, ckpt, tmp_path)
     pipe.height, pipe.width = H, W
     cond = pipe.adapter.condition_channels(pipe, [{"index": 0, "source_video": src, "cameras": cams}], "cpu")
     want = independent_render(pipe, cond, cams, x, 3, 5.0, "a red circle", recammaster_sigmas(3),
-                              WAN_NEGATIVE_PROMPT)
+                              RECAMMASTER_NEGATIVE_PROMPT)
     assert got.shape == (FRAMES, 3, H, W)
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
     # the folder's grid and an empty negative prompt give another clip: the defaults are not the old ones

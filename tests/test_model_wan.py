@@ -125,6 +125,37 @@ def test_sizes_lora_targets_and_refusals(tiny, cache):
     assert trainable and all("lora_" in n for n in trainable)
 
 
+def test_height_width_are_for_video_models_only(cache):
+    """pretrained.height / width: a Wan folder checks them against its VAE x patch before loading; any image model
+    (which samples pretrained.resolution's square) refuses them in one line instead of ignoring them, and
+    scripts/train.py exits 2 with that line before anything loads."""
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.trainer.build import check_height_width
+
+    def cfg(model, h, w):
+        return ConfigDict(dict(pretrained=dict(model=model, resolution=0, height=h, width=w)))
+
+    check_height_width(cfg("wan-tiny", 32, 48))
+    check_height_width(cfg("tiny-t2i", 0, 0))
+    check_height_width(cfg("recam-1.3b-random", 480, 832))  # a built video model: its builder's set_size checks
+    with pytest.raises(ConfigError, match="pretrained.width: width 40 must be a positive multiple of 16"):
+        check_height_width(cfg("wan-tiny", 32, 40))
+    for model in ("tiny-t2i", "sd15-random", "sdxl-random", "flux-dev-random", "sd35-medium-random", "tiny-recam"):
+        with pytest.raises(ConfigError, match="apply to video models .* samples pretrained.resolution's square"):
+            check_height_width(cfg(model, 0, 48))
+    env = dict(cpu_env(), WORLD_SIZE="1")
+    p = subprocess.run([sys.executable, "scripts/train.py", "--config", "config/grpo.py:tiny",
+                        "--config.pretrained.height=32", "--config.pretrained.width=48"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines() == [
+        "error: pretrained.height=32 / pretrained.width=48 apply to video models (Wan, ReCamMaster); 'tiny-t2i' (sd) "
+        "samples pretrained.resolution's square: set that and leave height and width at 0"]
+    assert not any("startup:" in line for line in p.stdout.splitlines())
+
+
 def test_real_shape_build_has_wan21_1_3b_sizes_on_the_meta_device():
     """The GPU benchmark's build, made on the meta device (no memory): Wan 2.1 T2V 1.3B's 1.42 B-parameter
     transformer, UMT5-XXL's 5.68 B encoder and the 127 M Wan VAE, in bf16; 480x832 px x 81 frames by default."""

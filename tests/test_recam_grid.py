@@ -12,6 +12,12 @@ from ddpo_grpo.errors import ConfigError
 
 # N = 4, shift 5: linspace(1, 0, 5)[:-1] = 1, 3/4, 1/2, 1/4 -> 5s / (1 + 4s) = 1, 15/16, 5/6, 5/8; then the last step to 0
 HAND = [1.0, 15 / 16, 5 / 6, 5 / 8, 0.0]
+# The negative prompt of ReCamMaster's inference script (Wan 2.1's default), copied here from its source, not from
+# this library (models.wan.WAN_NEGATIVE_PROMPT is compared with it)
+RECAMMASTER_NEGATIVE_PROMPT = (
+    "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，"
+    "多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，"
+    "倒着走")
 
 
 def test_recammaster_sigmas_by_hand():
@@ -79,5 +85,6 @@ def test_recam_config_is_recammasters_inference():
     spec.loader.exec_module(grpo)
     c = grpo.recam()
     assert (c.sample.flow_grid, c.sample.flow_shift, c.sample.guidance_scale) == ("recammaster", 5.0, 5.0)
-    assert c.sample.negative_prompt == WAN_NEGATIVE_PROMPT and WAN_NEGATIVE_PROMPT.startswith("色调艳丽")
-    assert WAN_NEGATIVE_PROMPT.endswith("倒着走")
+    assert c.sample.negative_prompt == WAN_NEGATIVE_PROMPT == RECAMMASTER_NEGATIVE_PROMPT
+    # and its one size: 81 frames x 480 x 832 px
+    assert (c.pretrained.num_frames, c.pretrained.height, c.pretrained.width) == (81, 480, 832)

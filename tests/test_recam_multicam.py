@@ -44,6 +44,19 @@ def own_numbers(extr, src, tgt, frames):
     return np.array([(inv @ c2w(extr[f"frame{f}"][f"cam{tgt:02d}"]))[:3].reshape(12) for f in frames])  # not orthonormal)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def check_cache(tmp_path_factory):
+    """The dataset check's verdicts (multicam.check_scenes) kept in a folder of this module's, also for the trainer
+    subprocesses (they inherit the environment)."""
+    before = os.environ.get("DDPO_GRPO_CACHE")
+    os.environ["DDPO_GRPO_CACHE"] = str(tmp_path_factory.mktemp("ddpo_cache"))
+    yield os.environ["DDPO_GRPO_CACHE"]
+    if before is None:
+        os.environ.pop("DDPO_GRPO_CACHE")
+    else:
+        os.environ["DDPO_GRPO_CACHE"] = before
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """ROOT/train/f18_aperture10/sceneK/{videos/camNN.mp4, cameras/camera_extrinsics.json} + metadata.csv."""
@@ -144,6 +157,47 @@ def test_damaged_and_missing_files_are_one_line_each(dataset, tmp_path):
         MultiCamConditions(str(root), "all", num_frames=9, height=32, width=48, max_bad_fraction=0.1, log=lines.append)
 
 
+def test_the_check_is_kept_per_process_and_between_runs_by_size_and_mtime(dataset, tmp_path, monkeypatch):
+    """Every video is opened once: the second build in a process (train / eval / memory plan) reuses the verdict
+    without printing its lines again; a new process (the in-process memo cleared) reads the kept verdicts, prints the
+    bad lines again and opens nothing; a file whose size or mtime changed has its scene checked again, and only it."""
+    import shutil
+
+    from ddpo_grpo.worlds.recam import multicam
+
+    root = tmp_path / "copy"
+    shutil.copytree(dataset, root)
+    bad = root / "train" / "f18_aperture10" / "scene2" / "videos" / "cam02.mp4"
+    bad.write_bytes(b"\x00not an mp4" * 50)
+    opened = []
+    real_probe = multicam.probe_video
+    monkeypatch.setattr(multicam, "probe_video", lambda path, needed: opened.append(path) or real_probe(path, needed))
+
+    def build(split="train"):
+        lines = []
+        ds = multicam.MultiCamConditions(str(root), split, num_frames=9, height=32, width=48, eval_fraction=0.25,
+                                         max_bad_fraction=0.5, log=lines.append)
+        return ds, lines
+
+    first, lines = build()
+    assert len(opened) == SCENES * CAMS and len(lines) == 1 and str(bad) in lines[0]
+    again, lines = build("eval")
+    assert len(opened) == SCENES * CAMS and lines == []  # same process: nothing opened, nothing printed again
+    assert not {first.scenes[p][1] for p, _, _ in first.pairs} & {again.scenes[p][1] for p, _, _ in again.pairs}
+    monkeypatch.setattr(multicam, "_CHECKED", {})  # a new process
+    kept, lines = build()
+    assert len(opened) == SCENES * CAMS and len(lines) == 1 and str(bad) in lines[0]
+    assert kept.pairs == first.pairs and kept.indices == first.indices
+    assert np.array_equal(kept[3]["cameras"].numpy(), first[3]["cameras"].numpy())
+    other = root / "train" / "f18_aperture10" / "scene3" / "videos" / "cam01.mp4"
+    other.write_bytes(b"broken" * 10)  # damaged after the check: size and mtime change
+    monkeypatch.setattr(multicam, "_CHECKED", {})
+    again, lines = build("all")
+    assert sorted(opened[SCENES * CAMS:]) == sorted(str(other.parent / f"cam{c:02d}.mp4") for c in range(1, CAMS + 1))
+    assert len(lines) == 2 and str(other) in lines[1] and "damaged" in lines[1]
+    assert all(not (again.scenes[p][1].endswith("scene3") and 1 in (s, t)) for p, s, t in again.pairs)
+
+
 def test_recam_cameras_script(dataset):
     scene = dataset / "train" / "f18_aperture10" / "scene2"
     run = lambda *a: subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "recam_cameras.py"), *a],  # noqa
@@ -218,11 +272,25 @@ def test_trains_recam_video_tiny_non_square_on_multicam(dataset, tmp_path):
             "--config.sample.num_steps=2", "--config.reward.fns={'jpeg_compressibility': 1.0}",
             "--config.sample.flow_grid=recammaster", "--config.sample.flow_shift=5.0",  # the trainer samples on it
             f"--config.logdir={tmp_path / 'logs'}", "--config.run_name=mc"]
-    r = subprocess.run(args, cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+    r = subprocess.run(args + ["--config.logging.debug_dump=True"], cwd=ROOT, env=cpu_env(), capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "grid recammaster, shift 5" in r.stdout  # the run's scheduler note: the grid reached the sampler's scheduler
     named = [line for line in (r.stdout + r.stderr).splitlines() if str(bad) in line]
-    assert len(named) >= 1 and all("damaged" in line for line in named)
+    assert len(named) == 1 and "damaged" in named[0]  # one line, though the dataset is built 4 times (splits, plan)
+    # what it trained: training-split pairs only, of scenes the held-out split does not hold (index // 10000 = scene)
+    from config import grpo
+    from ddpo_grpo.trainer.data import build_dataset
+
+    cfg = grpo.get_config("recam_video_tiny")
+    cfg.data.name, cfg.data.root, cfg.data.eval_fraction = "multicam", str(root), 0.25
+    cfg.pretrained.height, cfg.pretrained.width = 32, 48
+    train, held = build_dataset(cfg, "train"), build_dataset(cfg, "eval")
+    held_scenes = {i // 10000 for i in held.indices}
+    assert len(held_scenes) == 1 and not held_scenes & {i // 10000 for i in train.indices}
+    dump = json.load(open(sorted((tmp_path / "logs" / "mc" / "debug").glob("*.json"))[0]))
+    keys = set(int(k) for k in dump["keys_all"])
+    assert keys and keys <= set(train.indices) and not {k // 10000 for k in keys} & held_scenes
     exp = json.load(open(tmp_path / "logs" / "mc" / "export" / "export.json"))
     assert (exp["height"], exp["width"], exp["num_frames"]) == (32, 48, 9)
     r = subprocess.run(args + ["--config.data.max_bad_fraction=0.0"], cwd=ROOT, env=cpu_env(), capture_output=True,

@@ -21,6 +21,17 @@ def test_recam_geometry_dry_run_for_8_processes():
     assert p.returncode == 0, p.stderr[-2000:]
     assert "8 processes x 2 x 4 = 64 samples/epoch, k=4" in p.stdout
     assert bad.returncode == 2 and "= 64 is not divisible by sample.k=3" in bad.stderr
+    # ReCamMaster's only shape, by hand: 81 frames x 480 x 832 px; Wan's VAE compresses time 4x (frame 0 alone, then
+    # 4 a latent: 1 + 80 / 4 = 21) and space 8x (60 x 104) into 16 channels; its DiT's patch (1, 2, 2) makes
+    # 30 x 52 tokens of each latent frame (ReCamMaster's DiT: 21 x 30 x 52 = 32760 per clip, the source as many)
+    frames, height, width, t_down, s_down, channels, patch = 81, 480, 832, 4, 8, 16, 2
+    latent = (channels, 1 + (frames - 1) // t_down, height // s_down, width // s_down)
+    assert latent == (16, 21, 60, 104)
+    tokens = (latent[2] // patch, latent[3] // patch)
+    assert tokens == (30, 52)
+    want = (f"  planned sample: {frames} frames x {height} x {width} px, denoised as {' x '.join(map(str, latent))}, "
+            f"{tokens[0]} x {tokens[1]} tokens per latent frame")
+    assert want in p.stdout.splitlines()
 
 
 def test_recam_image_tiny_two_processes_reproduces_the_seed_report_checks(tmp_path):

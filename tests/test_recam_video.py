@@ -175,6 +175,41 @@ def test_build_dataset_recam_video():
     assert len(train) == 4 and train[0]["source_video"].shape == (5, 3, 32, 32)
 
 
+def test_recam_video_non_square_views_for_a_non_square_model():
+    """pretrained.height x width (recam's 480 x 832 at toy size: 32 x 48, and 48 x 32): the clips have the model's
+    shape, the central square is the square view's pixels (32 view units across the shorter side, centred, the rest
+    of the wider side sees further out: black here, every object stays in frame), the camera numbers do not
+    change, and cam_score reads the ground truth as the square view's (32 / min(H, W) px per view unit)."""
+    from config.base import get_config
+    from ddpo_grpo.trainer.data import build_dataset
+
+    config = get_config()
+    config.data.name, config.data.num_conditions = "recam_video", 4
+    config.pretrained.num_frames, config.pretrained.resolution = 5, 32
+    square = build_dataset(config, "eval")
+    fn = make_cam_score()
+    for h, w in ((32, 48), (48, 32)):
+        config.pretrained.height, config.pretrained.width = h, w
+        ds = build_dataset(config, "eval")
+        for i in range(4):
+            it, sq = ds[i], square[i]
+            assert it["source_video"].shape == (5, 3, h, w) and it["target_video"].shape == (5, 3, h, w)
+            oy, ox = (h - 32) // 2, (w - 32) // 2
+            for key in ("source_video", "target_video"):  # exact: the same sub-pixel grid, offset by whole px
+                full = np.asarray(it[key])
+                np.testing.assert_array_equal(full[..., oy:oy + 32, ox:ox + 32], np.asarray(sq[key]))
+                outside = full.copy()
+                outside[..., oy:oy + 32, ox:ox + 32] = 0
+                assert outside.max() == 0  # black beyond: nothing of the square view was cut off
+            np.testing.assert_array_equal(it["cameras"], sq["cameras"])
+        gt = torch.from_numpy(np.stack([ds[i]["target_video"] for i in range(4)]))
+        wide, _ = fn(gt, None, meta_of([ds[i] for i in range(4)]))
+        narrow, _ = fn(torch.from_numpy(np.stack([square[i]["target_video"] for i in range(4)])), None,
+                       meta_of([square[i] for i in range(4)]))
+        np.testing.assert_allclose(wide, narrow, atol=1e-5)  # same view units: same scores as the square view
+        assert wide.min() > 0.7
+
+
 # ----------------------------------------------------------------------------- cam_score on video
 def test_cam_score_video_ground_truth_and_source(eval_items):
     fn = get_reward_fn("cam_score")

@@ -153,6 +153,31 @@ def check_resolution(config) -> None:
         raise ConfigError(f"pretrained.resolution: {why}")
 
 
+def check_height_width(config) -> None:
+    """pretrained.height / pretrained.width: video models only (Wan, ReCamMaster: models.wan.set_size, any multiple of
+    the VAE x patch). The image adapters sample pretrained.resolution's square (SDXL's size conditioning, FLUX's
+    resolution-shifted schedule and every check_resolution are one number), so a size set for one is one line here
+    instead of being ignored; a Wan folder's size is checked against its VAE and patch before anything loads."""
+    from ddpo_grpo.models import BUILT, model_adapter, resolve_model_path
+
+    p = config.pretrained
+    hw = {k: int(p.get(k, 0) or 0) for k in ("height", "width")}
+    if not any(hw.values()):
+        return
+    model = p.model
+    adapter = model_adapter(model)
+    if not getattr(adapter, "video", False):
+        raise ConfigError(f"pretrained.height={hw['height']} / pretrained.width={hw['width']} apply to video models "
+                          f"(Wan, ReCamMaster); {model!r} ({adapter.name or type(adapter).__name__}) samples "
+                          f"pretrained.resolution's square: set that and leave height and width at 0")
+    check = getattr(adapter, "check_size", None)
+    if model not in BUILT and check is not None:
+        for k, v in hw.items():
+            why = check(resolve_model_path(model), v, 0) if v else ""
+            if why:
+                raise ConfigError(f"pretrained.{k}: {why.replace('resolution', k)}")
+
+
 def validate_config(config, num_processes: int) -> str:
     """Raise ConfigError with one clear line for anything that cannot work. Returns the model family."""
     from ddpo_grpo.rewards import available_rewards
@@ -160,6 +185,7 @@ def validate_config(config, num_processes: int) -> str:
     s, t = config.sample, config.train
     family = model_family(config)
     check_resolution(config)
+    check_height_width(config)
     from ddpo_grpo.models import check_recam_checkpoint
 
     check_recam_checkpoint(config)  # pretrained.recam_checkpoint: readable, camera layers, fits the folder

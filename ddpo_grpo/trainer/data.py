@@ -119,8 +119,10 @@ def build_dataset(config, split: str):
     elif name == "recam_video":
         from ddpo_grpo.worlds.recam.video_data import RecamVideoConditions
 
-        ds = RecamVideoConditions(split=split, num_frames=int(config.pretrained.get("num_frames", 0) or 9),
-                                  size=int(config.pretrained.get("resolution", 0) or 64))
+        p, res = config.pretrained, int(config.pretrained.get("resolution", 0) or 64)
+        # pretrained.height / width (the model's non-square size, models.wan): the view as the model samples it
+        ds = RecamVideoConditions(split=split, num_frames=int(p.get("num_frames", 0) or 9),
+                                  size=int(p.get("height", 0) or res), width=int(p.get("width", 0) or res))
     elif name in ("multicam", "recam_folder"):
         from ddpo_grpo.worlds.recam.multicam import MultiCamConditions, RecamFolder
 

@@ -331,6 +331,12 @@ def report(config, environ=None, counts: Optional[ModelCounts] = None) -> List[s
     s = settings_of(config, precision, counts.trained_steps)
     rows = plan(counts, s, engine)
     lines = format_plan(rows, engine, precision)
+    if counts.pixel_shape:  # the shape the plan counted: what a real-shape dry run is checked against
+        px = counts.pixel_shape
+        lines.insert(1, "  planned sample: " + (f"{px[0]} frames x " if len(px) == 3 else "")
+                     + f"{px[-2]} x {px[-1]} px, denoised as " + " x ".join(str(d) for d in counts.sample_shape)
+                     + (f", {counts.tokens_per_frame[0]} x {counts.tokens_per_frame[1]} tokens per latent frame"
+                        if counts.tokens_per_frame else ""))
     held = host(counts, s)
     if held:  # not per device, but what each process holds in host memory instead
         lines.append(f"host memory per process, off the device: {total(held) / GiB:.2f} GiB ("

@@ -41,6 +41,21 @@ class ModelCounts:
     trained_steps: int = 1  # trainable stored steps per sample (sampler's columns with std >= train.min_step_std)
     sampling_bytes: Optional[int] = None  # working set of one no-grad sampling call (all its rows, CFG included)
     decode_bytes: Optional[int] = None  # working set of decoding one sampling batch (a video: all its frames)
+    pixel_shape: Tuple[int, ...] = ()  # a decoded sample's ([frames,] height, width) in px, for the reader
+    tokens_per_frame: Tuple[int, ...] = ()  # a video transformer's (rows, columns) of patches per latent frame
+
+
+def planned_sizes(pipe) -> tuple:
+    """(pixel_shape, tokens_per_frame) of the pipe as configured: ([F,] H, W) px and, for a video transformer with
+    a 3-D patch (Wan, ReCamMaster), the latent frame's H' / p_h x W' / p_w tokens (() otherwise)."""
+    h, w = pipe.adapter.pixel_size(pipe)
+    video = len(pipe.sample_shape) == 4
+    pixels = ((int(pipe.num_frames),) if video else ()) + (int(h), int(w))
+    patch = inner_model(pipe.unet).config.get("patch_size") if hasattr(inner_model(pipe.unet), "config") else None
+    tokens = ()
+    if video and isinstance(patch, (tuple, list)) and len(patch) == 3:
+        tokens = (int(pipe.sample_shape[-2]) // int(patch[1]), int(pipe.sample_shape[-1]) // int(patch[2]))
+    return pixels, tokens
 
 
 def condition_shape(pipe) -> tuple:
@@ -344,7 +359,7 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
                        act_bytes=act, act_bytes_ckpt=act_ckpt, sample_shape=tuple(pipe.sample_shape),
                        act_precision=precision, trained_steps=trained_steps(config, pipe), sampling_bytes=sampling,
-                       decode_bytes=decoding)
+                       decode_bytes=decoding, **dict(zip(("pixel_shape", "tokens_per_frame"), planned_sizes(pipe))))
 
 
 

@@ -19,7 +19,8 @@ Video (clips (B, F, 3, H, W), the video world `ddpo_grpo.worlds.recam.video`): m
 ((F, 3, H, W), torch or numpy, in [0, 1]) and metadata[i]["motions"] ((F, 3): the requested (dx, dy, zoom) of
 target frame f relative to source frame f, in the world's 32-unit view coordinates). Frame f of clip i (frame 0,
 the identity, included) is estimated against source frame f and scored with the same formula; the estimator
-works in pixels of the frames it is given, so its (dx, dy) are scaled by 32 / W (views of any size S, e.g. 64).
+works in pixels of the frames it is given, so its (dx, dy) are scaled by 32 / min(H, W) (views of any size S,
+e.g. 64; a non-square view's 32 units span its shorter side, world.render_view).
 The clip's score is the mean over its frames. Details per clip: `cam_score_accuracy` (the fraction of accurate
 frames), `translation_error` and `zoom_error` (means over the measured frames, NaN when none was),
 `estimate_failed` (the fraction of frames not measured) and `cam_score_frame00`, `cam_score_frame01`, ... (each
@@ -277,7 +278,9 @@ def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs
         req = np.concatenate([_motions(m, i, f) for i, m in enumerate(metadata)])
         sources = np.concatenate([_source_video(m, i, f, (h, w)) for i, m in enumerate(metadata)])
         est = estimates(sources, imgs, ok)
-        est[:, :2] *= VIEW_SIZE / w  # image px -> the world's 32-unit view coordinates of the requested motions
+        # image px -> the world's 32-unit view coordinates of the requested motions (they span the shorter side of a
+        # non-square view, world.render_view)
+        est[:, :2] *= VIEW_SIZE / min(h, w)
         scores, terr, zerr = score_motion(est, req, tau_translation, tau_zoom)
         acc = accurate(terr, zerr)
         failed = ~np.isfinite(terr) & ok

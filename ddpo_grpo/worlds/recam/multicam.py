@@ -34,7 +34,7 @@ import os
 import re
 import sys
 from collections import OrderedDict
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from .video_io import cover_crop, read_video
 SPLITS = ("train", "eval", "all")
 MAX_LINES = 20  # bad-file lines printed before a summary
 CLIP_CACHE = 32  # decoded clips kept (source clips recur across pairs)
+EXTRINSICS_CACHE = 16  # parsed camera files kept (read when a pair's numbers are asked for)
+_EXTRINSICS: "OrderedDict[tuple, dict]" = OrderedDict()
+_CHECKED: Dict[tuple, dict] = {}  # check_scenes' verdicts in this process, by (root, frames needed, latents, stride)
 
 
 def frame_stride(num_frames: int) -> int:
@@ -106,6 +109,120 @@ def probe_video(path: str, needed: int) -> str:
     return f"{n} frames, {needed} needed" if 0 < n < needed else ""
 
 
+def read_extrinsics(cam_file: str) -> dict:
+    """camera_extrinsics.json's dict (a few recent ones kept: a scene's pairs are read together); one ConfigError
+    line naming a file that stopped being readable since the dataset was checked."""
+    st = os.stat(cam_file) if os.path.isfile(cam_file) else None
+    key = (cam_file, st.st_size if st else -1, st.st_mtime_ns if st else -1)
+    if key not in _EXTRINSICS:
+        try:
+            with open(cam_file) as f:
+                _EXTRINSICS[key] = json.load(f)
+        except (OSError, ValueError) as e:
+            why = "missing" if isinstance(e, OSError) else "damaged JSON"
+            raise ConfigError(f"multicam: {cam_file}: {why}") from None
+        while len(_EXTRINSICS) > EXTRINSICS_CACHE:
+            _EXTRINSICS.popitem(last=False)
+    _EXTRINSICS.move_to_end(key)
+    return _EXTRINSICS[key]
+
+
+def _signature(scene: str) -> list:
+    """[name, size, mtime_ns] of the scene's camNN.mp4 files and its camera file (-1s when missing): what a check's
+    verdict depends on."""
+    names = sorted(f for f in os.listdir(os.path.join(scene, "videos")) if re.fullmatch(r"cam(\d+)\.mp4", f))
+    out = []
+    for rel in [os.path.join("videos", f) for f in names] + [os.path.join("cameras", "camera_extrinsics.json")]:
+        try:
+            st = os.stat(os.path.join(scene, rel))
+            out.append([rel, st.st_size, st.st_mtime_ns])
+        except OSError:
+            out.append([rel, -1, -1])
+    return out
+
+
+def check_scene(scene: str, needed: int, num_latent: int, stride: int) -> Tuple[Optional[List[int]], List[str]]:
+    """(readable cameras, or None when the camera file is unreadable; bad-file lines) of one scene: every video
+    opened (PyAV's header) and every matrix its pairs read parsed."""
+    videos = {int(m.group(1)): os.path.join(scene, "videos", f) for f in os.listdir(os.path.join(scene, "videos"))
+              for m in [re.fullmatch(r"cam(\d+)\.mp4", f)] if m}
+    cam_file = os.path.join(scene, "cameras", "camera_extrinsics.json")
+    try:
+        with open(cam_file) as f:
+            extr = json.load(f)
+    except (OSError, ValueError) as e:
+        return None, [f"multicam: {cam_file}: {'missing' if isinstance(e, OSError) else 'damaged JSON'}"]
+    good, bad = [], []
+    for cam, path in sorted(videos.items()):
+        why = probe_video(path, needed)
+        if not why:
+            try:  # every matrix this camera's pairs read: as target (its frames) and as source (frame 0)
+                pair_numbers(extr, cam, cam, num_latent, stride, where=cam_file)
+            except ConfigError as e:
+                why = str(e).replace(cam_file + ": ", "").replace(cam_file + " ", "")
+                path = cam_file
+        if why:
+            bad.append(f"multicam: {path}: {why}")
+        else:
+            good.append(cam)
+    return good, bad
+
+
+def cache_dir() -> str:
+    """Where the check's verdicts are kept between runs: $DDPO_GRPO_CACHE/multicam, else ~/.cache/ddpo_grpo/multicam."""
+    base = os.environ.get("DDPO_GRPO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ddpo_grpo")
+    return os.path.join(base, "multicam")
+
+
+def check_scenes(root: str, scenes: List[str], needed: int, num_latent: int, stride: int):
+    """([(scene, {cam: video} or None)], bad lines, fresh) for the scenes in order. Opening every video costs
+    about 6 ms a file here (PyAV probes the stream; MultiCamVideo's 136K videos: some 13 minutes, on every process),
+    so the verdict is kept: in this process (the train and eval splits and the memory plan build the dataset 2-4
+    times; `fresh` is False after the first, whose lines were printed) and between runs in cache_dir(), one file per
+    folder and clip length, each scene's verdict reused while its files' sizes and mtimes are unchanged (a stat
+    each) and checked again otherwise. A cache that cannot be read or written is only slower."""
+    import hashlib
+
+    key = (os.path.realpath(root), int(needed), int(num_latent), int(stride))
+    fresh = key not in _CHECKED
+    if fresh:
+        name = hashlib.sha1(repr(key).encode()).hexdigest()[:20] + ".json"
+        path = os.path.join(cache_dir(), name)
+        try:
+            with open(path) as f:
+                kept = json.load(f)
+            kept = kept["scenes"] if kept.get("key") == list(key) else {}
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            kept = {}
+        verdicts, changed = {}, False
+        for scene in scenes:
+            rel = os.path.relpath(scene, root)
+            sig = _signature(scene)
+            old = kept.get(rel)
+            if not isinstance(old, dict) or old.get("sig") != sig:
+                good, bad = check_scene(scene, needed, num_latent, stride)
+                old, changed = {"sig": sig, "good": good, "bad": bad}, True
+            verdicts[rel] = old
+        if changed or set(kept) != set(verdicts):
+            try:
+                os.makedirs(cache_dir(), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump({"key": list(key), "scenes": verdicts}, f)
+                os.replace(tmp, path)
+            except OSError:
+                pass
+        _CHECKED[key] = verdicts
+    verdicts = _CHECKED[key]
+    out, bad = [], []
+    for scene in scenes:
+        v = verdicts[os.path.relpath(scene, root)]
+        bad += v["bad"]
+        out.append((scene, None if v["good"] is None else
+                    {int(c): os.path.join(scene, "videos", f"cam{int(c):02d}.mp4") for c in v["good"]}))
+    return out, bad, fresh
+
+
 class MultiCamConditions:
     """The (source, target) camera pairs of a MultiCamVideo folder's scenes in one split (module docstring)."""
 
@@ -123,37 +240,17 @@ class MultiCamConditions:
         captions = read_captions(root)
         scenes = find_scenes(root)
         needed = self.stride * (self.num_frames - 1) + 1
-        bad: List[str] = []
-        self.scenes: List[Tuple[int, str, dict, Dict[int, str]]] = []  # (number, folder, extrinsics, cam -> video)
-        for number, scene in enumerate(scenes):
-            videos = {int(m.group(1)): os.path.join(scene, "videos", f) for f in os.listdir(os.path.join(scene, "videos"))
-                      for m in [re.fullmatch(r"cam(\d+)\.mp4", f)] if m}
-            cam_file = os.path.join(scene, "cameras", "camera_extrinsics.json")
-            try:
-                with open(cam_file) as f:
-                    extr = json.load(f)
-            except (OSError, ValueError) as e:
-                bad.append(f"multicam: {cam_file}: {'missing' if isinstance(e, OSError) else 'damaged JSON'}")
-                continue
-            good = {}
-            for cam, path in sorted(videos.items()):
-                why = probe_video(path, needed)
-                if not why:
-                    try:  # every matrix this camera's pairs read: as target (its frames) and as source (frame 0)
-                        pair_numbers(extr, cam, cam, self.num_latent, self.stride, where=cam_file)
-                    except ConfigError as e:
-                        why = str(e).replace(cam_file + ": ", "").replace(cam_file + " ", "")
-                        path = cam_file
-                if why:
-                    bad.append(f"multicam: {path}: {why}")
-                else:
-                    good[cam] = path
-            self.scenes.append((number, scene, extr, good))
+        checked, bad, fresh = check_scenes(root, scenes, needed, self.num_latent, self.stride)
+        # (number, folder, camera file, cam -> video); the extrinsics are read when a pair's numbers are asked for
+        self.scenes: List[Tuple[int, str, str, Dict[int, str]]] = [
+            (number, scene, os.path.join(scene, "cameras", "camera_extrinsics.json"), good)
+            for number, (scene, good) in enumerate(checked) if good is not None]
         total = sum(len(v) for *_, v in self.scenes) + len(bad)
-        for line in bad[:MAX_LINES]:
-            log(line)
-        if len(bad) > MAX_LINES:
-            log(f"multicam: ... and {len(bad) - MAX_LINES} more bad files")
+        if fresh:  # once per process and folder: the train and eval splits and the memory plan share one check
+            for line in bad[:MAX_LINES]:
+                log(line)
+            if len(bad) > MAX_LINES:
+                log(f"multicam: ... and {len(bad) - MAX_LINES} more bad files")
         if bad and len(bad) > max_bad_fraction * max(total, 1):
             raise ConfigError(f"data.root {root!r}: {len(bad)} of {total} videos / camera files are missing or damaged "
                               f"(more than data.max_bad_fraction={max_bad_fraction}), e.g. {bad[0][len('multicam: '):]}")
@@ -183,8 +280,9 @@ class MultiCamConditions:
     def cameras(self, i: int) -> np.ndarray:
         """float32 (F', 12): pair i's target poses relative to its source camera's frame 0."""
         pos, s, t = self.pairs[i % len(self)]
-        _, _, extr, _ = self.scenes[pos]
-        return pair_numbers(extr, s, t, self.num_latent, self.stride).astype(np.float32)
+        cam_file = self.scenes[pos][2]
+        return pair_numbers(read_extrinsics(cam_file), s, t, self.num_latent, self.stride,
+                            where=cam_file).astype(np.float32)
 
     def clip(self, path: str) -> np.ndarray:
         """(F, 3, H, W) float32 in [0, 1]: frames 0, stride, ... of the video, cover-cropped; one ConfigError line

@@ -194,15 +194,19 @@ class VideoCondition:
         """float32 (F', 12): ReCamMaster's camera numbers (`camera_numbers`)."""
         return camera_numbers(self.trajectory(num_frames), num_frames)
 
-    def source_video(self, num_frames: int = NUM_FRAMES, size: int = VIDEO_SIZE) -> np.ndarray:
-        """float32 (F, 3, S, S) in [0, 1]: the scene through the static source camera."""
-        return np.stack([render_view(self.scene_at(a), self.source_camera, size)
+    def source_video(self, num_frames: int = NUM_FRAMES, size: int = VIDEO_SIZE, width: Optional[int] = None
+                     ) -> np.ndarray:
+        """float32 (F, 3, S, S) in [0, 1]: the scene through the static source camera; (F, 3, S, width) with
+        `width` (world.render_view: the 32 view units span the shorter side)."""
+        return np.stack([render_view(self.scene_at(a), self.source_camera, size, width)
                          for a in clip_times(num_frames)])
 
-    def target_video(self, num_frames: int = NUM_FRAMES, size: int = VIDEO_SIZE) -> np.ndarray:
-        """float32 (F, 3, S, S) in [0, 1]: the scene along the target trajectory (the ground truth)."""
-        return np.stack([render_view(self.scene_at(a), motion_at(self.end_motion, a).apply(self.source_camera), size)
-                         for a in clip_times(num_frames)])
+    def target_video(self, num_frames: int = NUM_FRAMES, size: int = VIDEO_SIZE, width: Optional[int] = None
+                     ) -> np.ndarray:
+        """float32 (F, 3, S, S) (or (F, 3, S, width)) in [0, 1]: the scene along the target trajectory (the ground
+        truth)."""
+        return np.stack([render_view(self.scene_at(a), motion_at(self.end_motion, a).apply(self.source_camera), size,
+                                     width) for a in clip_times(num_frames)])
 
 
 def preset_end_motion(preset: str, shift: float = DEFAULT_SHIFT, log_zoom: float = DEFAULT_LOG_ZOOM) -> CameraMotion:

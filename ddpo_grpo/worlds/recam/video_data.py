@@ -3,7 +3,8 @@
 Item i of a split is a dict (F pixel frames, F' = (F - 1) / 4 + 1 latent frames, view size S):
     "index":        int, the global condition index (train 0..511, eval 512..575, as data.py), the GRPO group key;
     "prompt":       str, the scene and the camera preset, e.g. "a red circle and a blue square, camera pan left";
-    "source_video": torch.float32 (F, 3, S, S) in [0, 1], the source clip (static camera; the model adapter
+    "source_video": torch.float32 (F, 3, S, S) in [0, 1] (S x W with `width`: a non-square view, the 32 view
+                    units across its shorter side, world.render_view), the source clip (static camera; the model adapter
                     VAE-encodes it, `cam_score` reads it);
     "cameras":      torch.float32 (F', 12), ReCamMaster's camera numbers (`video.camera_numbers`);
     "motions":      np.float32 (F, 3), the requested (dx, dy, zoom) of target frame f relative to source frame f
@@ -27,14 +28,17 @@ class RecamVideoConditions:
     """The fixed video recam conditions of a split, generated from `seed` (global index i <- rng (seed, i))."""
 
     def __init__(self, split: str = "train", seed: int = 0, num_frames: int = NUM_FRAMES, size: int = VIDEO_SIZE,
-                 max_drift: float = MAX_DRIFT, cache: bool = True):
+                 max_drift: float = MAX_DRIFT, cache: bool = True, width: int = 0):
         if split not in SPLITS:
             raise ValueError(f"unknown recam_video split {split!r}; use one of {sorted(SPLITS)}")
         if int(size) != size or size < 8:
             raise ValueError(f"recam_video: size must be an int >= 8 px, got {size!r}")
+        if int(width) != width or (width and width < 8):
+            raise ValueError(f"recam_video: width must be an int >= 8 px (0: size), got {width!r}")
         lo, hi = SPLITS[split]
         self.split, self.seed, self.max_drift, self.cache = split, seed, float(max_drift), bool(cache)
         self.num_frames, self.size = check_num_frames(num_frames), int(size)
+        self.width = int(width) if width and int(width) != self.size else None  # None: square, as before
         self.indices: List[int] = list(range(lo, hi))
         self._conds: Dict[int, VideoCondition] = {}
         self._clips: Dict[int, tuple] = {}
@@ -60,7 +64,8 @@ class RecamVideoConditions:
         c = self.condition(i)
         clips = self._clips.get(idx)
         if clips is None:
-            clips = (c.source_video(self.num_frames, self.size), c.target_video(self.num_frames, self.size))
+            clips = (c.source_video(self.num_frames, self.size, self.width),
+                     c.target_video(self.num_frames, self.size, self.width))
             if self.cache:
                 self._clips[idx] = clips
         src, tgt = clips

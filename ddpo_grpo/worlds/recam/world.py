@@ -130,13 +130,18 @@ class RecamCondition:
         return render_view(self.scene, self.target_camera)
 
 
-def render_view(scene: Scene, camera: Camera, size: int = VIEW_SIZE) -> np.ndarray:
-    """The scene through `camera`: float32 (3, size, size) in [0, 1], black background."""
-    img = np.zeros((3, size, size), dtype=np.float64)
-    s = size / VIEW_SIZE
+def render_view(scene: Scene, camera: Camera, size: int = VIEW_SIZE, width: Optional[int] = None) -> np.ndarray:
+    """The scene through `camera`: float32 (3, size, size) in [0, 1], black background. With `width` (3, size,
+    width): the square view's 32 units span the shorter side, centred, and the longer side sees further out (same
+    focal, wider field of view), so everything in the square view stays in the frame."""
+    w = size if width is None else int(width)
+    img = np.zeros((3, size, w), dtype=np.float64)
+    s = min(size, w) / VIEW_SIZE
+    ox, oy = (w - min(size, w)) / 2, (size - min(size, w)) / 2  # 0.0 for a square view: its numbers as before
     for o in scene.objects:
         px, py = camera.to_view(o.x, o.y)
-        cov = shape_mask(o.shape, px * s, py * s, o.r * camera.zoom * s, size=size, ss=VIEW_SUPERSAMPLE)
+        cov = shape_mask(o.shape, px * s + ox, py * s + oy, o.r * camera.zoom * s, size=size, ss=VIEW_SUPERSAMPLE,
+                         width=None if width is None else w)
         color = np.asarray(COLORS[o.color])[:, None, None]
         img = img * (1 - cov) + color * cov
     return img.astype(np.float32)

@@ -85,15 +85,19 @@ def _subpixel_coords(n: int, ss: int) -> np.ndarray:
     return coords
 
 
-def shape_mask(shape: str, cx: float, cy: float, r: float, size: int = IMAGE_SIZE, ss: int = SUPERSAMPLE) -> np.ndarray:
-    """Anti-aliased coverage in [0, 1] of a shape with bounding box 2r centred at (cx, cy). Shape (size, size).
+def shape_mask(shape: str, cx: float, cy: float, r: float, size: int = IMAGE_SIZE, ss: int = SUPERSAMPLE,
+               width: Optional[int] = None) -> np.ndarray:
+    """Anti-aliased coverage in [0, 1] of a shape with bounding box 2r centred at (cx, cy). Shape (size, size), or
+    (size, width) when width is given (a non-square view: the recam video world at 480 x 832).
 
     The offsets are a row (dx, 1 x n) and a column (dy, n x 1) that the tests broadcast to the n x n subpixel grid:
     the same values as full meshgrid offsets, element for element, at a fraction of the work (the toy-world reward
     fits 16 templates per object, so this is most of its time)."""
     n = size * ss
+    cols = size if width is None else int(width)
     coords = _subpixel_coords(n, ss)
-    dx, dy = coords[None, :] - cx, coords[:, None] - cy  # x: column, y: row
+    xs = coords if cols == size else _subpixel_coords(cols * ss, ss)
+    dx, dy = xs[None, :] - cx, coords[:, None] - cy  # x: column, y: row
     if shape == "square":
         m = (np.abs(dx) <= r) & (np.abs(dy) <= r)
     elif shape == "circle":
@@ -109,7 +113,7 @@ def shape_mask(shape: str, cx: float, cy: float, r: float, size: int = IMAGE_SIZ
         raise ValueError(f"unknown shape {shape!r}; choose one of {SHAPES}")
     # The coverage is the count of covered subpixels over ss²: summed as integers (exact), then divided once, the same
     # float64 values as m.reshape(size, ss, size, ss).mean(axis=(1, 3)).
-    return m.reshape(size, ss, size, ss).sum(axis=3, dtype=np.int32).sum(axis=1) / (ss * ss)
+    return m.reshape(size, ss, cols, ss).sum(axis=3, dtype=np.int32).sum(axis=1) / (ss * ss)
 
 
 def render(cond: Condition, rng: Optional[np.random.Generator] = None) -> np.ndarray:
