@@ -35,11 +35,17 @@ def _module():
     return mod
 
 
-def test_the_named_configs_are_the_public_functions_and_an_unknown_name_lists_them():
+def test_the_index_holds_every_recipe_and_an_unknown_name_lists_them():
+    """config/grpo.py's index (TASKS, by task) names every public function of config/recipes/ exactly once, each a
+    module attribute too; a recipe written but not indexed, or indexed twice, fails here."""
     mod = _module()
-    public = {n for n, f in vars(mod).items() if callable(f) and not n.startswith("_") and n != "get_config"
-              and getattr(f, "__module__", "") == mod.__name__}
-    assert public == set(FAMILY), f"new or removed named configs: add them to FAMILY here ({public ^ set(FAMILY)})"
+    indexed = [f.__name__ for recipes in mod.TASKS.values() for f in recipes]
+    assert len(indexed) == len(set(indexed)) == len(mod.CONFIGS)
+    public = {n for m in (mod.toy, mod.camera, mod.family) for n, f in vars(m).items()
+              if callable(f) and not n.startswith("_") and getattr(f, "__module__", "") == m.__name__}
+    assert set(indexed) == public, f"recipes not in config/grpo.py's TASKS, or gone: {public ^ set(indexed)}"
+    assert all(getattr(mod, n) is mod.CONFIGS[n] for n in indexed)
+    assert set(indexed) == set(FAMILY), f"new or removed named configs: add them to FAMILY here ({public ^ set(FAMILY)})"
     with pytest.raises(ValueError, match="unknown config name 'nope'; choose one of: aesthetic, compressibility"):
         mod.get_config("nope")
 

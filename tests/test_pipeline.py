@@ -71,9 +71,7 @@ def _bf16_clip_ranges():
     spec = importlib.util.spec_from_file_location("grpo_configs_for_bf16", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    names = [n for n, f in vars(mod).items() if callable(f) and not n.startswith("_") and n != "get_config"
-             and getattr(f, "__module__", "") == mod.__name__]
-    return {n: c.train.clip_range for n in names for c in [getattr(mod, n)()] if c.mixed_precision == "bf16"}
+    return {n: c.train.clip_range for n, f in mod.CONFIGS.items() for c in [f()] if c.mixed_precision == "bf16"}
 
 
 @pytest.mark.parametrize("family,guidance", [("ddim", 1.0), ("ddim", 3.0), ("flow", 2.5)])
