@@ -21,8 +21,11 @@ $(BIN)/.installed: setup.py
 
 install: $(BIN)/.installed
 
+# Two workers (pytest-xdist), each test file whole on one of them (its module fixtures run once); each worker's torch
+# takes its share of the cores (tests/conftest.py). TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
 test: install
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(BIN)/python -m pytest -q --durations=25 tests
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
 
 # One thread (accelerate's default for a CPU process): the demo's numbers in the README then reproduce bit for bit.
 demo: install

@@ -38,7 +38,7 @@ setup(
         "av>=18.1,<19",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.0"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.0", "hypothesis>=6.0"],
         # Ascend NPU: torch_npu is pinned to the torch release; it also needs Huawei's CANN libraries.
         "npu": ["torch_npu==2.13.0"],
     },

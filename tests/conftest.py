@@ -1,5 +1,5 @@
 """The repository root on sys.path (the benchmark modules live in `benchmarks/` there, outside the installed library),
-and `cache`: a fresh tiny-build cache per test module."""
+torch's threads per pytest-xdist worker, and `cache`: a fresh tiny-build cache per test module."""
 import os
 import sys
 
@@ -8,6 +8,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test` runs two workers: each takes its share of the cores
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture(scope="module")
