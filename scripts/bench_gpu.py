@@ -170,7 +170,7 @@ def config_for(args, point):
 def memory_plan_gib(config, capacity_gib: float = GPU_CHECK_MEMORY_GIB, counts=None):
     """(the memory plan's total per device in GiB, whether it fits `capacity_gib`) for a one-process launch, read
     from memory_plan.report's lines (the plan print_plan prints at a run's start: one definition of the number)."""
-    from ddpo_grpo.trainer.memory_plan import report
+    from ddpo_grpo.trainer.checks.memory_plan import report
 
     before = config.device_memory_gb
     config.device_memory_gb = capacity_gib  # the verdict for an 80 GB card, also on a CPU
@@ -186,7 +186,7 @@ def gpu_check_counts(args, model: str) -> dict:
     """What gpu_check.sh reads beside the measured rows, from meta-device builds (no GPU): the memory plan of the
     point (its peak is compared with it), whether the plan needs gradient checkpointing on 80 GB (it must agree with
     GPU_CHECK's choice, else one line, exit 2), and count_flops' FLOPs per row (the MFU)."""
-    from ddpo_grpo.trainer.meta_counts import count_model
+    from ddpo_grpo.trainer.checks.meta_counts import count_model
 
     config = gpu_check_config(args, model)
     # The two plans differ only in gradient checkpointing; the meta count (most of the time: a T5-XXL and the
@@ -219,8 +219,8 @@ def count_flops(model: str, config, train: bool = True) -> dict:
 
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
-    from ddpo_grpo.trainer.build import make_trainable
-    from ddpo_grpo.trainer.meta_counts import denoiser_inputs
+    from ddpo_grpo.trainer.run.build import make_trainable
+    from ddpo_grpo.trainer.checks.meta_counts import denoiser_inputs
 
     pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
     pipe.adapter.configure(pipe, config)  # FLUX-dev's embedded guidance, Wan's frames
@@ -258,8 +258,8 @@ def trainer_epoch(config, device: str) -> dict:
 
     from benchmarks.bench_floor import _sync
     from ddpo_grpo.rewards import collect_rewards
-    from ddpo_grpo.trainer import advantages, sampling, training, update
-    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.trainer.epoch import advantages, sampling, training, update
+    from ddpo_grpo.trainer.run.build import build_context
 
     acc = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision)
     out, epochs = {}, []
@@ -574,7 +574,7 @@ def main(argv=None) -> None:
         if args.allow_cpu and (args.resolution or 512) > MAX_CPU_RESOLUTION:
             fail(f"--allow-cpu with --resolution {args.resolution or 512}: on CPU use <= {MAX_CPU_RESOLUTION} "
                  "(e.g. 64)")
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.build import validate_config
     from ddpo_grpo.errors import ConfigError
 
     points = plan(args)

@@ -13,7 +13,7 @@ import torch
 
 from helpers import run_side_by_side
 
-from ddpo_grpo.trainer.meta_counts import denoiser_inputs
+from ddpo_grpo.trainer.checks.meta_counts import denoiser_inputs
 from ddpo_grpo.models.sd3 import ADAPTER  # noqa: F401  (build_sd3_tiny's architecture, as models.model_adapter asks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -164,7 +164,7 @@ def test_dataset_items_splits_and_determinism(eval_items):
 
 def test_build_dataset_recam_video():
     from config.base import get_config
-    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.run.data import build_dataset
 
     config = get_config()
     config.data.name = "recam_video"

@@ -19,7 +19,7 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.combine import PER_STEP_MODES
 
 from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset
-from .sampling import branch_spec, check_window, model_scheduler, scheduler_note
+from ..epoch.sampling import branch_spec, check_window, model_scheduler, scheduler_note
 
 
 @dataclass
@@ -58,7 +58,7 @@ class RunContext:
     sampler: KRepeatSampler
     train_data: Any
     eval_data: Any
-    encode: Callable  # trainer/embeddings.py's PromptEmbeddings: prompts -> (B, L, D) on the device
+    encode: Callable  # trainer/run/embeddings.py's PromptEmbeddings: prompts -> (B, L, D) on the device
     neg_embed: torch.Tensor
     run_dir: str
     state: RunState
@@ -68,7 +68,7 @@ class RunContext:
     cond_cache: Dict[int, torch.Tensor] = field(default_factory=dict)  # condition index -> its conditioning channels
     gold: Optional[Any] = None  # RewardComputer of reward.gold (hacking.py): scored and logged, never trained on
     stop: str = ""  # why the run stops early (train.hacking_guard = "stop"), or ""
-    startup: Dict[str, float] = field(default_factory=dict)  # start-up phase seconds (trainer/startup.py)
+    startup: Dict[str, float] = field(default_factory=dict)  # start-up phase seconds (trainer/run/startup.py)
 
     COND_CACHE_SIZE = 64  # conditions kept (host memory): a real-size ReCamMaster condition is ~15 MB
 
@@ -239,13 +239,13 @@ def validate_config(config, num_processes: int) -> str:
             raise ConfigError(f"unknown reward {name!r} in reward.fns; available: {', '.join(sorted(names))}")
     if not config.reward.fns:
         raise ConfigError("reward.fns is empty; give at least one reward name with a weight")
-    from .hacking import check_config as check_guard
+    from ..checks.hacking import check_config as check_guard
 
     check_guard(config)  # reward.gold names, train.hacking_guard
-    from .verification import check_onpolicy_config
+    from ..checks.verification import check_onpolicy_config
 
     check_onpolicy_config(config)  # train.onpolicy_check
-    from .rescoring import check_old_logprobs_config
+    from ..epoch.rescoring import check_old_logprobs_config
 
     check_old_logprobs_config(config)  # train.old_logprobs, train.sampler_is_cap
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
@@ -316,8 +316,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     from ddpo_grpo.core.reference import EMAReference
     from ddpo_grpo.rewards import RewardComputer
     from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
-    from .hacking import build_gold
-    from .supervised import SupervisedLoss
+    from ..checks.hacking import build_gold
+    from ..epoch.supervised import SupervisedLoss
 
     from ddpo_grpo.core.offload import park
     from ddpo_grpo.models.base import run_dtype
@@ -386,7 +386,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
                              weights=getattr(train_data, "weights", None), tree_size=tree.leaves if tree else 1)
     # Prompt embeddings (B, L, D), each encoded once: conditions repeat k times per epoch and across epochs. With
     # data.cache_embeddings the whole prompt set (train, eval, the CFG negative "") is encoded now, held on the host
-    # and in the run folder, and the text encoders are parked off the device (trainer/embeddings.py).
+    # and in the run folder, and the text encoders are parked off the device (trainer/run/embeddings.py).
     encode = PromptEmbeddings(pipe, accelerator.device, host=cache_on)
     negative = str(config.sample.get("negative_prompt", "") or "")  # CFG's negative prompt
     if cache_on:
