@@ -38,7 +38,7 @@ def define_flags():
 
 def main(_):
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     config = FLAGS.config
     try:

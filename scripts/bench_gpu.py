@@ -574,7 +574,7 @@ def main(argv=None) -> None:
         if args.allow_cpu and (args.resolution or 512) > MAX_CPU_RESOLUTION:
             fail(f"--allow-cpu with --resolution {args.resolution or 512}: on CPU use <= {MAX_CPU_RESOLUTION} "
                  "(e.g. 64)")
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
     from ddpo_grpo.errors import ConfigError
 
     points = plan(args)

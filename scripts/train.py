@@ -47,7 +47,8 @@ def run(config):
 
     from ddpo_grpo.trainer.run import devices
     from ddpo_grpo.trainer.epoch.advantages import compute_advantages
-    from ddpo_grpo.trainer.run.build import build_context, validate_config
+    from ddpo_grpo.trainer.run.build import build_context
+    from ddpo_grpo.trainer.run.validate import validate_config
     from ddpo_grpo.trainer.run.scale import check_engine_applied, use_architecture_blocks
     from ddpo_grpo.trainer.run.checkpointing import check_resume, export_run, load_checkpoint, save_checkpoint
     from ddpo_grpo.trainer.run.run_identity import agree_run

@@ -150,7 +150,7 @@ def test_sd3_config_validates_with_a_folder_and_says_what_is_wrong_in_one_line(t
 
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     spec = importlib.util.spec_from_file_location("grpo_configs_sd3", os.path.join(ROOT, "config", "grpo.py"))
     configs = importlib.util.module_from_spec(spec)

@@ -147,7 +147,7 @@ def _config(name="tiny"):
     (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
 ])
 def test_config_validation_errors(edit, msg):
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     c = _config()
     edit(c)
@@ -207,7 +207,7 @@ def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
     (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
 ])
 def test_sde_settings_validation_errors(edit, msg):
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     c = _config("tiny_flow")
     edit(c)
@@ -219,7 +219,7 @@ def test_sde_settings_validation_errors(edit, msg):
                                                       (10, 0, "fixed", "sde"), (3, 6, "fixed", "cps"),
                                                       (9, 0, "sliding", "cps"), (4, 99, "random", "sde")])
 def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_type):
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
     from ddpo_grpo.trainer.epoch.sampling import sde_window, stochastic_steps
 
     c = _config("tiny_flow")
@@ -244,7 +244,7 @@ def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():
 
 
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     with pytest.raises(ValueError, match="unknown config name 'nope'"):
         _config("nope")
@@ -368,7 +368,7 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
 def test_too_few_conditions_for_the_geometry_fails_in_validation():
     """recam_image_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
     fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     c = _config("recam_image_tiny")
     assert validate_config(c, num_processes=1) == "ddim"
@@ -382,7 +382,7 @@ def test_too_few_conditions_for_the_geometry_fails_in_validation():
                                   "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_image_tiny", "recam", "recam_video_tiny", "tiny_hack",
                                   "tiny_colour_branch", "tiny_branch"])
 def test_named_configs_validate(name):
-    from ddpo_grpo.trainer.run.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     validate_config(_config(name), 1)  # raises ConfigError on a broken named config
 
