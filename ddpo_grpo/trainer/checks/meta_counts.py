@@ -1,5 +1,5 @@
 """A model's parameter and activation counts at a config's shapes, on the meta device (no weights, no memory):
-what memory_plan.plan takes (ModelCounts), and the meta-device inputs scripts/bench_gpu.py counts FLOPs with.
+what memory_plan.plan takes (ModelCounts), and the meta-device inputs benchmarks/bench_gpu_point.py counts FLOPs with.
 
 Built models (models.BUILT) come from their builders on "meta"; a folder's components from its config files
 (`meta_loading`: diffusers' and transformers' from_pretrained build from the config on the meta device inside it),
