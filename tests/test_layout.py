@@ -114,7 +114,8 @@ def test_layout_names_every_module_and_no_stale_one():
     modules = tree_modules()
     missing = [m for m in modules if m not in named]
     stale = sorted(named - set(modules))
-    assert not missing, "docs/layout.md does not name (add a row under 'Every module'): " + ", ".join(missing)
+    assert not missing, ("docs/layout.md does not name (python tests/test_layout.py rewrites 'Every module' from the "
+                         "tree): " + ", ".join(missing))
     assert not stale, "docs/layout.md names modules that do not exist: " + ", ".join(stale)
     # the check itself: a module removed from the text is reported
     assert "ddpo_grpo/trainer/epoch/update.py" in modules and "ddpo_grpo/trainer/epoch/update.py" not in layout_paths(
