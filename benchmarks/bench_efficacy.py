@@ -129,13 +129,13 @@ def run_history(run_dir: str) -> tuple:
     import torch
 
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.checkpointing import resolve_resume
+    from ddpo_grpo.trainer.run.checkpointing import resolve_resume
 
     try:
         ckpt = resolve_resume(run_dir)  # the trainer's own rule: the newest complete checkpoint, never a .tmp- one
     except ConfigError:
         raise SystemExit(f"--efficacy-runs: {run_dir} has neither summary.json nor a checkpoint") from None
-    # custom_checkpoint_0.pkl is the RunState's state dict (trainer/build.py registers it first with accelerate)
+    # custom_checkpoint_0.pkl is the RunState's state dict (trainer/run/build.py registers it first with accelerate)
     state_path = os.path.join(ckpt, "custom_checkpoint_0.pkl")
     state = torch.load(state_path, weights_only=True)  # plain ints, floats, strings and lists
     return state["history"], None, state_path

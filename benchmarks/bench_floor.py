@@ -49,7 +49,7 @@ def proc_status_mb(field: str) -> Optional[float]:
 def stored_steps(config, pipe) -> int:
     """T of the trainer's EpochSamples: the stochastic steps it stores (and trains a fraction of)."""
     from ddpo_grpo.core.families import get_family
-    from ddpo_grpo.trainer.sampling import sampler_settings
+    from ddpo_grpo.trainer.epoch.sampling import sampler_settings
 
     s = config.sample
     return get_family(pipe.family).stored_steps(pipe.scheduler, sampler_settings(config, pipe.family),
@@ -77,11 +77,11 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     import torch
 
     from ddpo_grpo.core.families import get_family
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
     from ddpo_grpo.models import apply_unet_options, load_pipeline
-    from ddpo_grpo.trainer.update import training_calls
+    from ddpo_grpo.trainer.epoch.update import training_calls
 
-    from ddpo_grpo.trainer.devices import apply_cpu_settings
+    from ddpo_grpo.trainer.run.devices import apply_cpu_settings
 
     apply_cpu_settings(config)  # as the trainer does on CPU
     rss_runtime = proc_status_mb("VmRSS")
@@ -258,8 +258,8 @@ def pretrained_eval(config) -> Dict:
 
     from accelerate import Accelerator
 
-    from ddpo_grpo.trainer.build import build_context
-    from ddpo_grpo.trainer.evaluation import evaluate
+    from ddpo_grpo.trainer.run.build import build_context
+    from ddpo_grpo.trainer.epoch.evaluation import evaluate
 
     acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision or None)
     with tempfile.TemporaryDirectory() as d:
@@ -282,11 +282,11 @@ def interleaved(config, rounds: int = 3) -> Dict:
     import torch
     from accelerate import Accelerator
 
-    from ddpo_grpo.trainer.advantages import compute_advantages
-    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.trainer.epoch.advantages import compute_advantages
+    from ddpo_grpo.trainer.run.build import build_context
     from ddpo_grpo.rewards import collect_rewards
-    from ddpo_grpo.trainer.sampling import sample_epoch
-    from ddpo_grpo.trainer.training import train_epoch
+    from ddpo_grpo.trainer.epoch.sampling import sample_epoch
+    from ddpo_grpo.trainer.epoch.training import train_epoch
 
     acc = Accelerator(cpu=True, mixed_precision=config.mixed_precision or None)
     floors, trainer = [], []  # floor() applies the CPU math settings before each round's trainer epoch

@@ -7,9 +7,9 @@ and full fine-tuning, on 1 x 80 GB, 8 x 80 GB and 8 x 64 GB (Ascend 910B): what 
 Each model runs its named config (config/grpo.py, as scripts/bench_gpu.py does: resolution, frames, CFG, train batch,
 LoRA rank, beta) with the real-shape build in place of the folder, bf16, and the memory switches off (gradient
 checkpointing, data.cache_embeddings, pretrained.offload): the "plain" plan. Per hardware, DDP over its devices; where
-that does not fit, the fewest switches that do (trainer/memory_plan.fit: offload, cached embeddings, gradient
+that does not fit, the fewest switches that do (trainer/checks/memory_plan.fit: offload, cached embeddings, gradient
 checkpointing, FSDP2 over the machine's devices, a smaller train.batch_size), planned, not guessed. Counts come from
-the configs on the meta device (trainer/meta_counts.count_model); nothing is allocated, no GPU is needed. Wan 2.1 14B
+the configs on the meta device (trainer/checks/meta_counts.count_model); nothing is allocated, no GPU is needed. Wan 2.1 14B
 is models.wan.build_wan21_14b_random on "meta" (not a models.BUILT name). Measured GPU peaks: pending (no GPU
 has run these shapes yet; scripts/bench_gpu.py measures them where one is available).
 """
@@ -48,7 +48,7 @@ def model_config(name: str, built: str):
 def counts_of(name: str, built: str):
     import torch
 
-    from ddpo_grpo.trainer.meta_counts import count_model
+    from ddpo_grpo.trainer.checks.meta_counts import count_model
 
     c = model_config(name, built)
     pipe = None
@@ -65,7 +65,7 @@ def shape_of(counts) -> str:
 
 
 def cell(counts, s, devices: int, gib: float) -> str:
-    from ddpo_grpo.trainer import memory_plan as mp
+    from ddpo_grpo.trainer.checks import memory_plan as mp
 
     e = mp.Engine("ddp", devices)
     nbytes = mp.total(mp.plan(counts, s, e))
@@ -79,7 +79,7 @@ def cell(counts, s, devices: int, gib: float) -> str:
 
 
 def table() -> str:
-    from ddpo_grpo.trainer import memory_plan as mp
+    from ddpo_grpo.trainer.checks import memory_plan as mp
 
     head = ("| model | latent | mode | params / grads / optim, 1 device | activations per sample (ckpt) | train batch | "
             + " | ".join(h for h, _, _ in HARDWARE) + " | measured peak (GPU) |")

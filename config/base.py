@@ -64,7 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Image models ignore it.
     config.pretrained.num_frames = 0
     # Video models (Wan, ReCamMaster): a non-square size in px; 0 = pretrained.resolution's square (or 480 x 832).
-    # Image models sample pretrained.resolution's square and refuse them (one line, exit 2: trainer/build.py).
+    # Image models sample pretrained.resolution's square and refuse them (one line, exit 2: trainer/run/validate.py).
     config.pretrained.height = 0
     config.pretrained.width = 0
     # ReCamMaster (models/recam.py): its checkpoint (.ckpt / .pt / .safetensors, original Wan keys + camera layers)
@@ -96,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Encode every prompt of the train and eval sets (and the CFG negative "") once before training, through the
     # model's own encode_prompt, hold them on the host and in <run folder>/embeddings/ (keyed by model and prompts,
     # written atomically: other processes and a resume read it), then park the text encoders off the accelerator
-    # (T5-XXL: 9.5 GB in bf16). Bit-identical to encoding on the fly (trainer/embeddings.py). False: each prompt is
+    # (T5-XXL: 9.5 GB in bf16). Bit-identical to encoding on the fly (trainer/run/embeddings.py). False: each prompt is
     # encoded on first use and held on the device, the encoders stay where they loaded.
     config.data.cache_embeddings = False
 
@@ -158,7 +158,7 @@ def get_config() -> ml_collections.ConfigDict:
     # "stop": one line naming the step, the sample and the likely causes, exit 2; "warn": that line, and train on;
     # "off". A mismatch (CFG, dtype, scheduler settings, condition) otherwise trains silently on the wrong ratio.
     config.train.onpolicy_check = "stop"
-    # Where the ratio's old log-probs come from (trainer/rescoring.py). "rescore": before the epoch's first update, a
+    # Where the ratio's old log-probs come from (trainer/epoch/rescoring.py). "rescore": before the epoch's first update, a
     # no-grad pass through exactly the training calls (each inner epoch's call plan and row grouping, CFG, autocast)
     # scores them, so the ratio is 1 by construction; costs one forward per trained step. "sampling": the sampler's,
     # as DDPO does: on a GPU/NPU in bf16 the kernels chosen per batch shape make them differ by ~1e-3, ten times the
@@ -188,7 +188,7 @@ def get_config() -> ml_collections.ConfigDict:
     # update. theta_old samples the epoch, gives v_old and is what eval measures; 0 = on-policy (theta_old = theta).
     config.train.nft_old_decay = 0.0
     # raft/nft: the noise levels u (0 clean, 1 pure noise) the sampled images are re-noised at, uniform in [min, max).
-    # Where a reward's attribute is decided is where training pays (scripts/step_credit.py): a colour decided in
+    # Where a reward's attribute is decided is where training pays (benchmarks/step_credit.py): a colour decided in
     # the first denoising steps is learnt at high noise, and low-noise rows only perturb the details.
     config.train.forward_noise_min = 0.0
     config.train.forward_noise_max = 1.0
@@ -206,7 +206,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.sup_decay_epochs = 0  # then linear decay to 0 over these epochs (0 = keep sup_weight)
     config.train.sup_batch_size = 16
     config.train.max_invalid_fraction = 0.5  # stop if more than this share of an epoch's rewards is invalid
-    # Reward-hacking alarm after every eval (trainer/hacking.py): the proxy up while reward.gold falls beyond
+    # Reward-hacking alarm after every eval (trainer/checks/hacking.py): the proxy up while reward.gold falls beyond
     # hacking_z standard errors of its paired drop from its best eval, or an image statistic (rewards/drift.py)
     # moved more than hacking_drift_max from the start model's. "warn": a warning line and a wandb alert; "stop":
     # also a checkpoint and a clean end; "off".
@@ -226,7 +226,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.reward.kwargs = {}  # name -> dict of factory kwargs
     config.reward.per_step = "none"  # "none" (B,) | "broadcast" | "x0" | "x0_gain" (B, T)
     config.reward.num_threads = 2  # reward computation overlaps sampling in a thread pool
-    # Held-out gold reward(s) (trainer/hacking.py, docs/hacking.md): name -> weight, from the same registry as fns;
+    # Held-out gold reward(s) (trainer/checks/hacking.py, docs/hacking.md): name -> weight, from the same registry as fns;
     # scored on every eval and on gold_train_samples of each epoch's samples (per process), logged as gold/*, never
     # trained on. {} = none.
     config.reward.gold = {}

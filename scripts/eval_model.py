@@ -24,7 +24,7 @@ from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob  # noqa: 
 from ddpo_grpo.core.policy_step import SamplerSettings  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
 from ddpo_grpo.models.export import ExportError, apply_weights, export_info  # noqa: E402
-from ddpo_grpo.trainer.reporting import labelled_grid  # noqa: E402
+from ddpo_grpo.trainer.run.reporting import labelled_grid  # noqa: E402
 from ddpo_grpo.worlds.toyworld import all_conditions, balanced_weights, summarize, verify_batch  # noqa: E402
 
 DEFAULT_STEPS = 10  # the tiny configs' sample.num_steps (an export's own export.json overrides it)
@@ -67,7 +67,7 @@ def evaluate_model(model: str, num_samples: int = 256, steps: int = DEFAULT_STEP
         idx = np.random.default_rng(seed).choice(len(conds), size=num_samples, replace=False,
                                                  p=balanced_weights(range(len(conds))))
     else:
-        from ddpo_grpo.trainer.data import ToyWorldConditions
+        from ddpo_grpo.trainer.run.data import ToyWorldConditions
 
         ds = ToyWorldConditions(split, objects)
         pool = [ds[i]["index"] for i in range(len(ds))]

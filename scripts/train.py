@@ -22,7 +22,7 @@ config_flags.DEFINE_config_file("config", "config/grpo.py:tiny", "Training confi
 def main(_):
     from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
     from ddpo_grpo.rewards import RewardError
-    from ddpo_grpo.trainer.devices import lost_peer_line
+    from ddpo_grpo.trainer.run.devices import lost_peer_line
 
     try:
         run(FLAGS.config)
@@ -45,19 +45,20 @@ def run(config):
     from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration, set_seed
 
-    from ddpo_grpo.trainer import devices
-    from ddpo_grpo.trainer.advantages import compute_advantages
-    from ddpo_grpo.trainer.build import build_context, validate_config
-    from ddpo_grpo.trainer.scale import check_engine_applied, use_architecture_blocks
-    from ddpo_grpo.trainer.checkpointing import check_resume, export_run, load_checkpoint, save_checkpoint
-    from ddpo_grpo.trainer.run_identity import agree_run
-    from ddpo_grpo.trainer.hacking import train_gold
-    from ddpo_grpo.trainer.memory_plan import print_plan
-    from ddpo_grpo.trainer.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
+    from ddpo_grpo.trainer.run import devices
+    from ddpo_grpo.trainer.epoch.advantages import compute_advantages
+    from ddpo_grpo.trainer.run.build import build_context
+    from ddpo_grpo.trainer.run.validate import validate_config
+    from ddpo_grpo.trainer.run.scale import check_engine_applied, use_architecture_blocks
+    from ddpo_grpo.trainer.run.checkpointing import check_resume, export_run, load_checkpoint, save_checkpoint
+    from ddpo_grpo.trainer.run.run_identity import agree_run
+    from ddpo_grpo.trainer.checks.hacking import train_gold
+    from ddpo_grpo.trainer.checks.memory_plan import print_plan
+    from ddpo_grpo.trainer.run.reporting import PhaseTimer, evaluate_and_log, finish, log_epoch
     from ddpo_grpo.rewards import collect_rewards
-    from ddpo_grpo.trainer.sampling import sample_epoch
-    from ddpo_grpo.trainer.training import train_epoch
-    from ddpo_grpo.trainer.verification import verify_groups
+    from ddpo_grpo.trainer.epoch.sampling import sample_epoch
+    from ddpo_grpo.trainer.epoch.training import train_epoch
+    from ddpo_grpo.trainer.checks.verification import verify_groups
 
     device = devices.setup()
     devices.check_launch(config, device)  # lone process of an N-process launch, mesh size; CPU runs fp32 unless bf16

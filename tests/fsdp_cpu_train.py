@@ -1,7 +1,7 @@
 """scripts/train.py with accelerate's FSDP2 kept on CPU processes (gloo); for tests/test_scale_out.py only:
     accelerate launch --config_file config/accelerate/fsdp2.yaml ... tests/fsdp_cpu_train.py --config ...
 accelerate 1.15 runs FSDP on GPU-like process groups only; on CPU the trainer refuses an FSDP launch in one line
-(ddpo_grpo/trainer/scale.py check_engine_applied). This test-only patch of accelerate's internals makes it keep the
+(ddpo_grpo/trainer/run/scale.py check_engine_applied). This test-only patch of accelerate's internals makes it keep the
 FSDP plugin on CPU processes, so that torch's fully_shard really shards the model over gloo and the trainer's FSDP2
 path (which then passes that check) is exercised here. It lives in tests/: the library never patches accelerate."""
 import os

@@ -115,7 +115,7 @@ def policy_from_checkpoint(model: str, ckpt: str, lora: bool, **load_kw):
     from safetensors.torch import load_file
 
     from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
 
     pipe = load_pipeline(model, **load_kw)
     make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(

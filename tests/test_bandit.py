@@ -6,7 +6,7 @@ import torch
 from ddpo_grpo.core.loss import KLInputs, grpo_loss
 from ddpo_grpo.core.reference import EMAReference
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.trainer.verification import verify_groups
+from ddpo_grpo.trainer.checks.verification import verify_groups
 
 LATENCY = torch.tensor([1.0, 2.0, 3.0, 4.0])
 ACCURACY = torch.tensor([0.3, 0.5, 0.7, 0.9])

@@ -13,7 +13,7 @@ import torch
 
 from helpers import run_side_by_side
 
-from ddpo_grpo.trainer.meta_counts import denoiser_inputs
+from ddpo_grpo.trainer.checks.meta_counts import denoiser_inputs
 from ddpo_grpo.models.sd3 import ADAPTER  # noqa: F401  (build_sd3_tiny's architecture, as models.model_adapter asks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,20 +168,27 @@ def test_the_benchmarked_models_are_the_librarys_built_models():
         "wan21-1.3b-random": "flow", "recam-1.3b-random": "flow"}
 
 
-def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
-    """The path a real-shape build takes on the GPU, with the tiny SD3 in its place: a models.BUILT name, loaded by the
-    trainer through load_pipeline, one warm-up and one timed epoch, FLOPs counted on its meta build, the rows of the
-    epoch's calls, one table row."""
+def tiny_sd3_point(monkeypatch, num_steps: int, B: int, cfg: bool):
+    """(the script, its measured row) of one LoRA point of the tiny SD3 registered as a models.BUILT name, one sampling
+    batch of `num_steps` steps, on CPU; the row has no error."""
     import ddpo_grpo.models as models
 
     bench_gpu = load_bench()
     monkeypatch.setitem(models.BUILT, "sd3-tiny-built", "flow")  # (setitem: removed again after the test)
     monkeypatch.setitem(models.BUILDERS, "sd3-tiny-built", "test_bench_gpu:build_sd3_tiny")
     monkeypatch.setitem(bench_gpu.MODELS, "sd3-tiny-built", "sd3_tiny")
-    args = args_for(bench_gpu, model="sd3-tiny-built", num_steps=3, num_batches=1, out="unused")
+    args = args_for(bench_gpu, model="sd3-tiny-built", num_steps=num_steps, num_batches=1, out="unused")
     args.dry_run = False
-    row = bench_gpu.measure_point(args, "sd3-tiny-built", 4, True, "lora", "none")
+    row = bench_gpu.measure_point(args, "sd3-tiny-built", B, cfg, "lora", "none")
     assert "error" not in row, row.get("error")
+    return bench_gpu, row
+
+
+def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
+    """The path a real-shape build takes on the GPU, with the tiny SD3 in its place: a models.BUILT name, loaded by the
+    trainer through load_pipeline, one warm-up and one timed epoch, FLOPs counted on its meta build, the rows of the
+    epoch's calls, one table row."""
+    bench_gpu, row = tiny_sd3_point(monkeypatch, num_steps=3, B=4, cfg=True)
     tr = row["trainer"]
     assert tr["samples"] == 4 and tr["sampling_rows"] == 1 * 3 * 4 * 2  # batches x steps x B, CFG doubled
     # 2 of the 3 steps per sample: the last one's std (0.006) is under train.min_step_std (0.02); CFG trained: x 2
@@ -197,17 +204,9 @@ def test_a_built_model_point_reports_startup_and_onpolicy(monkeypatch):
     """The fields gpu_check.sh's table reads, from the real trainer on the tiny SD3 (float32 on CPU): the start-up
     phases (build_context's and the first denoiser call's), the worst |r - 1| of train_epoch's metrics within the
     float32 tolerance, and the sampler gap as train_epoch reports it (None where it does not)."""
-    import ddpo_grpo.models as models
     from ddpo_grpo.core.loss import onpolicy_tolerance
 
-    bench_gpu = load_bench()
-    monkeypatch.setitem(models.BUILT, "sd3-tiny-built", "flow")
-    monkeypatch.setitem(models.BUILDERS, "sd3-tiny-built", "test_bench_gpu:build_sd3_tiny")
-    monkeypatch.setitem(bench_gpu.MODELS, "sd3-tiny-built", "sd3_tiny")
-    args = args_for(bench_gpu, model="sd3-tiny-built", num_steps=2, num_batches=1, out="unused")
-    args.dry_run = False
-    row = bench_gpu.measure_point(args, "sd3-tiny-built", 2, False, "lora", "none")
-    assert "error" not in row, row.get("error")
+    _, row = tiny_sd3_point(monkeypatch, num_steps=2, B=2, cfg=False)
     st = row["startup"]
     assert {"load_s", "move_s", "embeddings_s", "first_step_s", "total_s"} <= set(st)
     assert min(st["load_s"], st["move_s"], st["embeddings_s"], st["first_step_s"]) >= 0

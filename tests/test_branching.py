@@ -22,10 +22,10 @@ from ddpo_grpo.core.pipeline_with_logprob import decode, pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings, denoiser_output, policy_step
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
 from ddpo_grpo.errors import ConfigError, VerificationError
-from ddpo_grpo.trainer.data import KRepeatSampler
-from ddpo_grpo.trainer.sampling import branch_spec
-from ddpo_grpo.trainer.update import cell_training_calls
-from ddpo_grpo.trainer.verification import verify_groups
+from ddpo_grpo.trainer.run.data import KRepeatSampler
+from ddpo_grpo.trainer.epoch.sampling import branch_spec
+from ddpo_grpo.trainer.epoch.update import cell_training_calls
+from ddpo_grpo.trainer.checks.verification import verify_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,7 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from ddpo_grpo.errors import ConfigError
-from ddpo_grpo.trainer.build import validate_config
+from ddpo_grpo.trainer.run.validate import validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(ROOT, "config", "grpo.py")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ddpo_grpo.trainer import devices
+from ddpo_grpo.trainer.run import devices
 from ddpo_grpo.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,7 +171,7 @@ def test_trainer_stops_on_a_broken_torch_npu_in_one_line(tmp_path):
 def test_trainer_sets_hccl_timeouts_before_the_process_count_check():
     """The real script path with a faked NPU (1 device) and WORLD_SIZE=2: the trainer stops at the process-count
     guard, before any process group; by then both timeouts are in its environment, the user's one unchanged."""
-    code = ("import atexit, os, sys, types, torch; from ddpo_grpo.trainer import devices; "
+    code = ("import atexit, os, sys, types, torch; from ddpo_grpo.trainer.run import devices; "
             "devices.npu_available = lambda: True; torch.npu = types.SimpleNamespace(device_count=lambda: 1); "
             "atexit.register(lambda: print('HCCL', os.environ.get('HCCL_CONNECT_TIMEOUT'), "
             "os.environ.get('HCCL_EXEC_TIMEOUT'), flush=True)); "
@@ -258,7 +258,7 @@ def test_fsdp2_wraps_the_architectures_own_blocks(monkeypatch):
     the SD UNet's own; other engines leave the environment alone."""
     import types
 
-    from ddpo_grpo.trainer import scale
+    from ddpo_grpo.trainer.run import scale
 
     cfg = lambda model: types.SimpleNamespace(pretrained=types.SimpleNamespace(model=model))  # noqa: E731
     env = {"FSDP_TRANSFORMER_CLS_TO_WRAP": "BasicTransformerBlock,ResnetBlock2D"}

@@ -16,7 +16,7 @@ from eval_model import evaluate_model  # noqa: E402
 
 def test_weights_and_splits(tmp_path):
     from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.data import ToyWorldConditions
+    from ddpo_grpo.trainer.run.data import ToyWorldConditions
 
     unet = load_pipeline("tiny-t2i-noisy").unet
     own, nudged = tmp_path / "own.safetensors", tmp_path / "nudged.safetensors"

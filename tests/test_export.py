@@ -78,7 +78,7 @@ def trained_policy_sample(ckpt: str, lora: bool, nft: bool = False, theta: bool 
     from ddpo_grpo.core.pipeline_with_logprob import encode_prompts, pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
     from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
 
     pipe = load_pipeline("tiny-t2i")
     make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddpo_grpo.trainer.evaluation import pass_at_k, passed
+from ddpo_grpo.trainer.epoch.evaluation import pass_at_k, passed
 from ddpo_grpo.core.forward_loss import best_of_group, nft_loss, nft_optimality, noised_and_target, raft_loss
 from helpers import ddim_scheduler, flow_scheduler, run_side_by_side, selected_params
 

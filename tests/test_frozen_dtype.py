@@ -95,7 +95,7 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
     from accelerate.state import AcceleratorState
 
     from ddpo_grpo.core.pipeline_with_logprob import decode
-    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.trainer.run.build import build_context
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config"))
     import grpo

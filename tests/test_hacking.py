@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.drift import image_stats
-from ddpo_grpo.trainer.hacking import check_config, drift_alarms, gold_alarm
+from ddpo_grpo.trainer.checks.hacking import check_config, drift_alarms, gold_alarm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -203,8 +203,8 @@ def test_best_gold_export_holds_the_evaluated_weights_and_survives_a_crash_mid_w
     from accelerate.state import AcceleratorState
 
     import ddpo_grpo.models.export as export_mod
-    from ddpo_grpo.trainer.build import build_context
-    from ddpo_grpo.trainer.hacking import BEST_GOLD_EXPORT, on_eval
+    from ddpo_grpo.trainer.run.build import build_context
+    from ddpo_grpo.trainer.checks.hacking import BEST_GOLD_EXPORT, on_eval
 
     config = _cfg(**{"reward.gold": {"toyworld": 1.0}, "train.hacking_guard": "off"})
     config.logging.wandb = config.logging.tensorboard = False
@@ -258,7 +258,7 @@ def test_best_gold_export_holds_the_evaluated_weights_and_survives_a_crash_mid_w
 def test_a_kill_between_the_export_renames_is_restored(tmp_path):
     """write_best_export moves the previous best aside (.old) before renaming the new one in: a kill between the two
     renames leaves only .old, which the next write (or summary.json) puts back; a complete export is left alone."""
-    from ddpo_grpo.trainer.hacking import BEST_GOLD_EXPORT, restore_best_export
+    from ddpo_grpo.trainer.checks.hacking import BEST_GOLD_EXPORT, restore_best_export
 
     old = tmp_path / (BEST_GOLD_EXPORT + ".old")
     old.mkdir()

@@ -21,7 +21,7 @@ from accelerate.utils.launch import (prepare_deepspeed_cmd_env, prepare_multi_gp
 from helpers import cpu_env, run_side_by_side, selected_params
 
 from ddpo_grpo.errors import ConfigError
-from ddpo_grpo.trainer import devices
+from ddpo_grpo.trainer.run import devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "config", "accelerate", "*.yaml")))

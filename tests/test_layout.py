@@ -114,8 +114,58 @@ def test_layout_names_every_module_and_no_stale_one():
     modules = tree_modules()
     missing = [m for m in modules if m not in named]
     stale = sorted(named - set(modules))
-    assert not missing, "docs/layout.md does not name (add a row under 'Every module'): " + ", ".join(missing)
+    assert not missing, ("docs/layout.md does not name (python tests/test_layout.py rewrites 'Every module' from the "
+                         "tree): " + ", ".join(missing))
     assert not stale, "docs/layout.md names modules that do not exist: " + ", ".join(stale)
     # the check itself: a module removed from the text is reported
-    assert "ddpo_grpo/trainer/update.py" in modules and "ddpo_grpo/trainer/update.py" not in layout_paths(
-        "| `ddpo_grpo/trainer/training.py` | ... |")
+    assert "ddpo_grpo/trainer/epoch/update.py" in modules and "ddpo_grpo/trainer/epoch/update.py" not in layout_paths(
+        "| `ddpo_grpo/trainer/epoch/training.py` | ... |")
+
+
+EVERY_MODULE = "## Every module"
+LINE = 200  # a longer first sentence ends at its last semicolon, comma or bracket before
+
+
+def first_line(path: str) -> str:
+    """A module's own first line: its docstring's (a .py), or its first comment's below the shebang (a .sh)."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".py"):
+        import ast
+
+        doc = " ".join((ast.get_docstring(ast.parse(text)) or "").strip().split("\n\n")[0].split())
+        line = re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.) ", doc, maxsplit=1)[0].rstrip(".")  # the first sentence
+        if len(line) <= LINE:
+            return line
+        # where a clause ends outside brackets: the last "; " before LINE, else the last ", " or " ("
+        ends = [(sep == "; ", m.start()) for sep in ("; ", ", ", " (") for m in re.finditer(re.escape(sep), line[:LINE])
+                if line[:m.start()].count("(") == line[:m.start()].count(")")]
+        return line[:max(ends)[1]] if ends else line[:line.rindex(" ", 0, LINE)]
+    comments = [line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#")]
+    return comments[0] if comments else ""
+
+
+def every_module_section(text: str) -> str:
+    """docs/layout.md's "Every module" section from the tree: one table per folder, each module's first line (a row
+    already in `text` for a shell script is kept: its description is written by hand)."""
+    kept = dict(re.findall(r"^\| `([\w./-]+\.sh)` \| (.*) \|$", text, re.M))
+    head = text[text.index(EVERY_MODULE):].split("\n### ", 1)[0].rstrip("\n")
+    folders = {}
+    for path in tree_modules():
+        folders.setdefault(path.rsplit("/", 1)[0] + "/", []).append(path)
+    out = [head]
+    for top in DOCUMENTED:
+        for folder in sorted(f for f in folders if f.split("/")[0] == top):
+            rows = sorted(folders[folder], key=lambda p: (p.endswith(".sh"), p))
+            out += ["", f"### `{folder}`", "", "| module | what |", "|---|---|"]
+            out += [f"| `{p}` | {kept.get(p) or first_line(p).replace('|', '/')} |" for p in rows]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":  # python tests/test_layout.py: rewrite docs/layout.md's "Every module" from the tree
+    with open(LAYOUT, encoding="utf-8") as f:
+        old = f.read()
+    new = old[:old.index(EVERY_MODULE)] + every_module_section(old)
+    with open(LAYOUT, "w", encoding="utf-8") as f:
+        f.write(new)
+    print(f"{LAYOUT}: {'rewritten' if new != old else 'unchanged'}")

@@ -1,4 +1,4 @@
-"""The memory plan (trainer/memory_plan.py, trainer/meta_counts.py): its arithmetic against hand-computed numbers,
+"""The memory plan (trainer/checks/memory_plan.py, trainer/checks/meta_counts.py): its arithmetic against hand-computed numbers,
 its static part against real modules' bytes, its activation estimate (meta device) against the memory a real CPU
 forward keeps for backward, its counts against the real modules, and the plan a dry run prints."""
 import ctypes
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from ddpo_grpo.trainer import memory_plan as mp
-from ddpo_grpo.trainer.meta_counts import SavedBytes, activation_bytes, count_model
+from ddpo_grpo.trainer.checks import memory_plan as mp
+from ddpo_grpo.trainer.checks.meta_counts import SavedBytes, activation_bytes, count_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "config"))
@@ -62,7 +62,7 @@ def test_lora_bf16_fsdp2_over_4_by_hand():
                     offload=True, gradient_checkpointing=True)
     got = rows(counts(), s, mp.Engine("fsdp2", 4))
     # base 1000 x 2 / 4, LoRA 10 x 4 / 4, grads 40 / 4, Adam 80 / 4, reference LoRA copy 40 / 4, text encoder and
-    # VAE off the device, embeddings held on the host (trainer/embeddings.py), checkpointed activations 40 x 2/4 bytes
+    # VAE off the device, embeddings held on the host (trainer/run/embeddings.py), checkpointed activations 40 x 2/4 bytes
     assert got == [500, 10, 10, 20, 10, 0, 0, 0, 20]
 
 
@@ -268,8 +268,8 @@ def test_meta_counts_are_the_real_modules_counts():
     """count_model on the meta device against the real tiny-t2i modules and a real LoRA of the config's rank."""
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
-    from ddpo_grpo.trainer.build import make_trainable
-    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.run.build import make_trainable
+    from ddpo_grpo.trainer.run.data import build_dataset
 
     cfg = grpo.get_config("tiny")
     got = count_model(cfg)
@@ -374,7 +374,7 @@ def test_autocast_emulation_saves_what_autocast_saves_by_hand():
     """conv -> group_norm -> silu -> conv on meta under emulated bf16 autocast: the first conv saves its input cast
     to bf16 (2 B/elt), group_norm an fp32 copy of the bf16 conv output (4) plus its fp32 mean/rstd, silu its fp32 input
     (4), the second conv its input cast back to bf16 (2). fp32: conv input, gn input, silu input, conv input (4 each)."""
-    from ddpo_grpo.trainer.meta_counts import activation_bytes
+    from ddpo_grpo.trainer.checks.meta_counts import activation_bytes
 
     class Net(torch.nn.Module):
         def __init__(self):

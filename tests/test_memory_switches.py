@@ -13,7 +13,7 @@ import torch
 from ddpo_grpo.core import offload
 from ddpo_grpo.models import load_pipeline
 from ddpo_grpo.models.base import component_dtype, inner_model
-from ddpo_grpo.trainer.embeddings import FOLDER, PromptEmbeddings
+from ddpo_grpo.trainer.run.embeddings import FOLDER, PromptEmbeddings
 from helpers import ROOT, cpu_env, launch_cmd
 
 sys.path.insert(0, os.path.join(ROOT, "config"))
@@ -37,7 +37,7 @@ def test_lora_base_in_run_dtype_adapters_fp32_and_half_the_bytes(cache, name):
     bytes are exactly half the full fine-tune's float32 denoiser's. Full fine-tuning loads float32 whatever the run."""
     from ml_collections import ConfigDict
 
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
 
     full = load_pipeline(name, torch_dtype=BF16, **SIZE.get(name, {}))
     lora = load_pipeline(name, torch_dtype=BF16, lora=True, **SIZE.get(name, {}))
@@ -66,7 +66,7 @@ def build(config, tmp_path, mixed_precision="no"):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from ddpo_grpo.trainer.build import build_context
+    from ddpo_grpo.trainer.run.build import build_context
 
     config.logging.wandb = config.logging.tensorboard = False
     config.mixed_precision = mixed_precision
@@ -93,8 +93,8 @@ def test_lora_bf16_run_is_on_policy_and_full_finetune_keeps_fp32(cache, tmp_path
     same weights, so the ratio is 1 within the trainer's bf16 bound (core.loss.onpolicy_tolerance) (the log-probs are float32); a full fine-tune
     holds its denoiser in float32 (master weights)."""
     from ddpo_grpo.core.loss import onpolicy_tolerance
-    from ddpo_grpo.trainer.sampling import sample_epoch, sampler_settings
-    from ddpo_grpo.trainer.rescoring import call_inputs as _call_inputs, score as _score
+    from ddpo_grpo.trainer.epoch.sampling import sample_epoch, sampler_settings
+    from ddpo_grpo.trainer.epoch.rescoring import call_inputs as _call_inputs, score as _score
 
     config = small(grpo.get_config("tiny"))
     config.use_lora, config.lora_rank = True, 4
@@ -169,9 +169,9 @@ def test_trainer_samples_the_same_with_cache_and_offload(cache, tmp_path, config
     """build_context with data.cache_embeddings and pretrained.offload: the whole prompt set (train, eval, "") cached
     on the host and in the run folder, text encoders (and, with offload, the VAE) parked; an epoch's latents, log-probs
     and conditions are bit-identical to the default run's."""
-    from ddpo_grpo.trainer.data import build_dataset
-    from ddpo_grpo.trainer.embeddings import dataset_prompts
-    from ddpo_grpo.trainer.sampling import sample_epoch
+    from ddpo_grpo.trainer.run.data import build_dataset
+    from ddpo_grpo.trainer.run.embeddings import dataset_prompts
+    from ddpo_grpo.trainer.epoch.sampling import sample_epoch
 
     runs = {}
     for mode, (cache_on, off) in {"plain": (False, False), "cached": (True, True)}.items():
@@ -268,7 +268,7 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled_no_second_copy(cac
     from ml_collections import ConfigDict
 
     from ddpo_grpo.core.reference import EMAReference
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
 
     pipe = load_pipeline("sd3-tiny", torch_dtype=BF16, lora=True)
     cfg = ConfigDict(dict(use_lora=True, lora_rank=4, train=dict(learning_rate=1e-4, adam_beta1=0.9, adam_beta2=0.999,
@@ -372,8 +372,8 @@ def test_two_processes_share_one_cached_embedding_file(tmp_path):
     assert len(files) == 1 and files[0].endswith(".pt"), files
     table = torch.load(tmp_path / "cached" / FOLDER / files[0], weights_only=True)
     assert len(glob.glob(str(tmp_path / "cached" / "debug" / "epoch_0000_rank_*.json"))) == 2  # both trained
-    from ddpo_grpo.trainer.data import build_dataset
-    from ddpo_grpo.trainer.embeddings import dataset_prompts
+    from ddpo_grpo.trainer.run.data import build_dataset
+    from ddpo_grpo.trainer.run.embeddings import dataset_prompts
 
     config = grpo.get_config("tiny")
     want = set(dataset_prompts(build_dataset(config, "train")) + dataset_prompts(build_dataset(config, "eval")) + [""])
@@ -414,7 +414,7 @@ def test_cache_key_covers_what_changes_an_embedding(cache):
     """The file name (embeddings.cache_key) changes with what changes the bits of an embedding beyond the prompts and
     settings: SDXL's resolution (packed in its time ids) and the encoders' / denoiser's dtype; the same model and
     prompts give the same name in another process (nothing per-object in it)."""
-    from ddpo_grpo.trainer.embeddings import cache_key
+    from ddpo_grpo.trainer.run.embeddings import cache_key
 
     small, large = load_pipeline("sdxl-tiny", resolution=16), load_pipeline("sdxl-tiny", resolution=32)
     with torch.no_grad():

@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import cpu_env, launch_cmd, run_side_by_side
 
-from ddpo_grpo.trainer.reporting import epoch_line_train
-from ddpo_grpo.trainer.metrics import METRIC_RULES, EpochMetrics
+from ddpo_grpo.trainer.run.reporting import epoch_line_train
+from ddpo_grpo.trainer.epoch.metrics import METRIC_RULES, EpochMetrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPLAY = r'''
 import os, runpy, sys
 import numpy as np, torch
-import ddpo_grpo.trainer.sampling as S
+import ddpo_grpo.trainer.epoch.sampling as S
 
 P = int(os.environ["REPLAY_PROCESSES"])
 real_sample_epoch, real_pipe = S.sample_epoch, S.pipeline_with_logprob

@@ -208,7 +208,8 @@ def test_lora_targets_resolution_and_folder_checks(tiny, tmp_path):
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
-    from ddpo_grpo.trainer.build import check_resolution, make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
+    from ddpo_grpo.trainer.run.validate import check_resolution
 
     pipe = load_pipeline("flux-tiny", resolution=RES)
     make_trainable(pipe.unet, ConfigDict(dict(use_lora=True, lora_rank=2, train=dict(

@@ -98,7 +98,7 @@ def test_lora_targets_the_joint_attention_and_resolution_check(tiny):
 
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
 
     pipe = load_pipeline("sd3-tiny")
     make_trainable(pipe.unet, ConfigDict(dict(use_lora=True, lora_rank=2, train=dict(
@@ -150,7 +150,7 @@ def test_sd3_config_validates_with_a_folder_and_says_what_is_wrong_in_one_line(t
 
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import load_pipeline
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     spec = importlib.util.spec_from_file_location("grpo_configs_sd3", os.path.join(ROOT, "config", "grpo.py"))
     configs = importlib.util.module_from_spec(spec)

@@ -159,7 +159,7 @@ def test_sdxl_config_validates_on_a_folder(tiny_cache):
 
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import resolve_model_path
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     spec = importlib.util.spec_from_file_location("grpo_configs", os.path.join(ROOT, "config", "grpo.py"))
     configs = importlib.util.module_from_spec(spec)

@@ -94,7 +94,7 @@ def test_sizes_lora_targets_and_refusals(tiny, cache):
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
-    from ddpo_grpo.trainer.build import make_trainable
+    from ddpo_grpo.trainer.run.build import make_trainable
 
     path = tiny.path
     # WanPipeline's defaults without a size (480x832 px, 81 frames), other sizes on request
@@ -132,7 +132,7 @@ def test_height_width_are_for_video_models_only(cache):
     from ml_collections import ConfigDict
 
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.build import check_height_width
+    from ddpo_grpo.trainer.run.validate import check_height_width
 
     def cfg(model, h, w):
         return ConfigDict(dict(pretrained=dict(model=model, resolution=0, height=h, width=w)))
@@ -240,7 +240,7 @@ def test_image_rewards_score_every_frame_and_average_clip_rewards_get_the_clip(f
 def test_grid_shows_frame_strips_and_wandb_gets_a_video_per_sample():
     from PIL import Image
 
-    from ddpo_grpo.trainer.reporting import CELL, labelled_grid, log_images
+    from ddpo_grpo.trainer.run.reporting import CELL, labelled_grid, log_images
 
     # clip i, frame f: a flat grey level (40 (i + 1) + 30 f) / 255, so every strip cell says which frame it shows
     B, F = 2, 5
@@ -326,7 +326,7 @@ def test_trains_on_policy_and_export_reproduces_the_policy_in_plain_diffusers(ru
                           "train_epoch_0001.png"]
         from PIL import Image
 
-        from ddpo_grpo.trainer.reporting import CELL
+        from ddpo_grpo.trainer.run.reporting import CELL
         assert Image.open(run / "images" / "train_epoch_0001.png").size == (FRAMES * CELL, 4 * (CELL + 44))
     ckpts = sorted((run / "checkpoints").glob("checkpoint_*"))
     assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]

@@ -220,7 +220,7 @@ def assert_same_as_single(run_dirs, single, nproc=2, rounding_from=None):
 def test_run_name_is_rank_0s_whatever_each_machine_s_clock_says(tmp_path):
     """A logdir per machine, machine 1's clock 5 h ahead: both run folders carry rank 0's name (<config>_<time>),
     the one machine 0's clock gives. Fails if the name is taken from each machine's own clock (the broadcast in
-    trainer/run_identity.agree_run removed)."""
+    trainer/run/run_identity.agree_run removed)."""
     logdirs = [tmp_path / "m0", tmp_path / "m1"]
     t0 = time.localtime()
     outs, rcs = two_machines(logdirs, extra=[["--config.num_epochs=1", "--config.save_freq=0"]] * 2)
@@ -311,7 +311,7 @@ def test_peer_dead_before_start_ends_with_one_line(tmp_path):
 def test_filesystem_layout():
     """{machine's main rank: machines whose token it sees} -> shared, one per machine, or one line."""
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.run_identity import filesystem_layout
+    from ddpo_grpo.trainer.run.run_identity import filesystem_layout
 
     assert filesystem_layout({0: (0, 8), 8: (0, 8)}) is True
     assert filesystem_layout({0: (0,)}) is True
@@ -326,7 +326,7 @@ def test_lost_peer_line():
 
     import torch.distributed as dist
 
-    from ddpo_grpo.trainer.devices import lost_peer_line
+    from ddpo_grpo.trainer.run.devices import lost_peer_line
 
     cfg = types.SimpleNamespace(collective_timeout_s=30)
     gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
@@ -358,7 +358,7 @@ def test_a_local_distributed_error_keeps_its_traceback():
 
     import torch.distributed as dist
 
-    from ddpo_grpo.trainer.devices import lost_peer_line
+    from ddpo_grpo.trainer.run.devices import lost_peer_line
 
     cfg = types.SimpleNamespace(collective_timeout_s=30)
     local = (RuntimeError("ProcessGroupGloo::allreduce: unsupported layout"),
@@ -384,7 +384,7 @@ def test_fsdp2_without_shared_logdir_is_refused_when_the_hacking_guard_may_save(
     from config import base
 
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer import run_identity
+    from ddpo_grpo.trainer.run import run_identity
 
     monkeypatch.setattr(run_identity, "broadcast", lambda obj, acc: obj)  # two machines' processes, as one
     monkeypatch.setattr(run_identity, "_detect_shared", lambda acc, run_dir, nonce: False)  # a logdir per machine

@@ -15,12 +15,12 @@ from ddpo_grpo.core.branching import BranchSpec
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings
 from ddpo_grpo.errors import ConfigError, VerificationError
-from ddpo_grpo.trainer.advantages import EpochAdvantages
-from ddpo_grpo.trainer.build import RunState, lr_factor
-from ddpo_grpo.trainer.rescoring import (check_old_logprobs_config, old_logprobs_source, sampler_gap,
+from ddpo_grpo.trainer.epoch.advantages import EpochAdvantages
+from ddpo_grpo.trainer.run.build import RunState, lr_factor
+from ddpo_grpo.trainer.epoch.rescoring import (check_old_logprobs_config, old_logprobs_source, sampler_gap,
                                          truncated_is_weight)
-from ddpo_grpo.trainer.sampling import EpochSamples
-from ddpo_grpo.trainer.training import train_epoch
+from ddpo_grpo.trainer.epoch.sampling import EpochSamples
+from ddpo_grpo.trainer.epoch.training import train_epoch
 
 from helpers import ddim_scheduler, flow_scheduler, tiny_unet
 

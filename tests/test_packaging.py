@@ -76,6 +76,12 @@ def test_wheel_has_the_models_and_the_reward_and_adapter_entry_points(wheel):
         missing = [f for f in files if "ddpo_grpo/assets/" + f not in names]
         assert not missing, f"not in the wheel's ddpo_grpo/assets/: {missing}"
         assert "ddpo_grpo/core/ddim_with_logprob.py" in names and "ddpo_grpo/worlds/toyworld/reward.py" in names
+        # every module of the checkout, sub-packages included (the trainer's rooms: a folder without __init__.py
+        # would be left out by find_packages)
+        library = sorted(os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, "/")
+                         for d, _, fs in os.walk(PKG) for f in fs if f.endswith(".py"))
+        assert "ddpo_grpo/trainer/epoch/sampling.py" in library
+        assert not [m for m in library if m not in names], [m for m in library if m not in names]
         assert not any(n.startswith(("assets/", "benchmarks/", "tests/", "scripts/")) for n in names)
         assert not any("_snapshots/" in n for n in names)
         (ep_file,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]

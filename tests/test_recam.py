@@ -249,7 +249,7 @@ def test_recam_follow_script_runs_on_the_bundled_model(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "f.json"
-    p = subprocess.run([sys.executable, "scripts/recam_follow.py", "--conditions", "6", "--copies", "2", "--steps", "3",
+    p = subprocess.run([sys.executable, "benchmarks/recam_follow.py", "--conditions", "6", "--copies", "2", "--steps", "3",
                         "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(out.read_text())

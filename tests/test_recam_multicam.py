@@ -280,7 +280,7 @@ def test_trains_recam_video_tiny_non_square_on_multicam(dataset, tmp_path):
     assert len(named) == 1 and "damaged" in named[0]  # one line, though the dataset is built 4 times (splits, plan)
     # what it trained: training-split pairs only, of scenes the held-out split does not hold (index // 10000 = scene)
     from config import grpo
-    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.run.data import build_dataset
 
     cfg = grpo.get_config("recam_video_tiny")
     cfg.data.name, cfg.data.root, cfg.data.eval_fraction = "multicam", str(root), 0.25

@@ -164,7 +164,7 @@ def test_dataset_items_splits_and_determinism(eval_items):
 
 def test_build_dataset_recam_video():
     from config.base import get_config
-    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.run.data import build_dataset
 
     config = get_config()
     config.data.name = "recam_video"
@@ -181,7 +181,7 @@ def test_recam_video_non_square_views_for_a_non_square_model():
     of the wider side sees further out: black here, every object stays in frame), the camera numbers do not
     change, and cam_score reads the ground truth as the square view's (32 / min(H, W) px per view unit)."""
     from config.base import get_config
-    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.run.data import build_dataset
 
     config = get_config()
     config.data.name, config.data.num_conditions = "recam_video", 4

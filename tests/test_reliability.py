@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from ddpo_grpo.trainer.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
+from ddpo_grpo.trainer.run.checkpointing import META, check_compatible, resolve_resume, save_checkpoint
 from ddpo_grpo.errors import ConfigError
 from helpers import cpu_env, launch_cmd, reward_plugin, run_side_by_side
 
@@ -110,7 +110,7 @@ def test_plugin_failing_on_one_process_stops_all(tmp_path, plugin_path):
 @pytest.fixture(autouse=True)
 def _no_export(monkeypatch):
     """The fake contexts below have no model: the export (tests/test_export.py) is not what these tests check."""
-    from ddpo_grpo.trainer import checkpointing
+    from ddpo_grpo.trainer.run import checkpointing
 
     monkeypatch.setattr(checkpointing, "write_model_export", lambda ctx, family, out_dir: None)
 
@@ -172,7 +172,7 @@ def test_checkpoint_for_another_setup_is_refused(tmp_path):
 def test_resume_with_other_registered_objects_is_one_clear_error(tmp_path):
     """A run saved without a KL reference, resumed with train.beta > 0 (or the other way round): one ConfigError
     naming the settings, before accelerate's load_state would stop on a bare count."""
-    from ddpo_grpo.trainer.checkpointing import checkpointed_objects, load_checkpoint
+    from ddpo_grpo.trainer.run.checkpointing import checkpointed_objects, load_checkpoint
 
     ctx = _fake_ctx(tmp_path)
     ctx.state.epoch = 1

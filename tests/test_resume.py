@@ -12,7 +12,7 @@ import pytest
 from helpers import cpu_env, run_side_by_side
 
 from ddpo_grpo.errors import ConfigError
-from ddpo_grpo.trainer.checkpointing import check_resume
+from ddpo_grpo.trainer.run.checkpointing import check_resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = ["--config", "config/grpo.py:tiny", "--config.sample.num_steps=3", "--config.sample.batch_size=4",

@@ -119,8 +119,8 @@ def _cfg(**train):
 
 
 def test_engine_guards(monkeypatch):
-    from ddpo_grpo.trainer.build import validate_config
-    from ddpo_grpo.trainer.scale import backward_calls_per_step, check_engine, engine
+    from ddpo_grpo.trainer.run.validate import validate_config
+    from ddpo_grpo.trainer.run.scale import backward_calls_per_step, check_engine, engine
 
     for k in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"):
         monkeypatch.delenv(k, raising=False)

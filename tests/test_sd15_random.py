@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ddpo_grpo.trainer.build import validate_config
+from ddpo_grpo.trainer.run.validate import validate_config
 from ddpo_grpo.errors import ConfigError
 from helpers import narrow_sd15
 

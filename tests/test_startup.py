@@ -1,5 +1,5 @@
 """Start-up visible (issue 50): a run prints, after its first sampling step, one line with the phases of its start
-(trainer/startup.py), measured in build_context, the prompt-embedding cache and a one-shot hook on the denoiser."""
+(trainer/run/startup.py), measured in build_context, the prompt-embedding cache and a one-shot hook on the denoiser."""
 import os
 import re
 import subprocess
@@ -29,8 +29,8 @@ def test_a_tiny_run_prints_the_startup_line_once_with_numbers(tmp_path):
     # negative ""), each once
     sys.path.insert(0, os.path.join(ROOT, "config"))
     import grpo
-    from ddpo_grpo.trainer.data import build_dataset
-    from ddpo_grpo.trainer.embeddings import dataset_prompts
+    from ddpo_grpo.trainer.run.data import build_dataset
+    from ddpo_grpo.trainer.run.embeddings import dataset_prompts
 
     config = grpo.get_config("tiny")
     expected = set(dataset_prompts(build_dataset(config, "train")) + dataset_prompts(build_dataset(config, "eval"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.trainer.verification import verify_groups
+from ddpo_grpo.trainer.checks.verification import verify_groups
 
 
 def test_group_mode_per_column_mean0_std1_random():

@@ -1,4 +1,4 @@
-"""scripts/step_credit.py: its transitions are exactly the sampler's, and its table is well formed."""
+"""benchmarks/step_credit.py: its transitions are exactly the sampler's, and its table is well formed."""
 import importlib.util
 import os
 import subprocess
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("step_credit", os.path.join(ROOT, "scripts", "step_credit.py"))
+spec = importlib.util.spec_from_file_location("step_credit", os.path.join(ROOT, "benchmarks", "step_credit.py"))
 step_credit = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(step_credit)
 
@@ -45,7 +45,7 @@ def test_sample_with_noise_replays_the_samplers_trajectory():
 def test_cli_table_is_well_formed_and_bad_input_is_one_line(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     out = tmp_path / "credit.json"
-    p = subprocess.run([sys.executable, "scripts/step_credit.py", "--config", "config/grpo.py:tiny_colour",
+    p = subprocess.run([sys.executable, "benchmarks/step_credit.py", "--config", "config/grpo.py:tiny_colour",
                         "--conditions", "2", "--redraws", "2", "--config.sample.num_steps", "4", "--json", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -58,6 +58,6 @@ def test_cli_table_is_well_formed_and_bad_input_is_one_line(tmp_path):
         assert len(v) == 5 and all(0.0 <= x <= 1.0 and x * 4 == int(x * 4) for x in v)  # 2 conditions x 2 redraws
     assert np.all(np.asarray(t["spread"]) >= 0)
     assert t["std"][:4] == sorted(t["std"][:4], reverse=True)  # DDIM's std falls towards the data
-    p = subprocess.run([sys.executable, "scripts/step_credit.py", "--config", "config/grpo.py:tiny", "--redraws", "1"],
+    p = subprocess.run([sys.executable, "benchmarks/step_credit.py", "--config", "config/grpo.py:tiny", "--redraws", "1"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: step_credit needs"), p.stderr

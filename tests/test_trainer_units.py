@@ -7,12 +7,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from ddpo_grpo.trainer.advantages import compute_advantages
-from ddpo_grpo.trainer.data import KRepeatSampler
+from ddpo_grpo.trainer.epoch.advantages import compute_advantages
+from ddpo_grpo.trainer.run.data import KRepeatSampler
 from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
-from ddpo_grpo.trainer.update import training_calls
-from ddpo_grpo.trainer.verification import verify_groups
+from ddpo_grpo.trainer.epoch.update import training_calls
+from ddpo_grpo.trainer.checks.verification import verify_groups
 
 
 def test_k_repeat_sampler_places_exactly_k_copies_across_processes():
@@ -147,7 +147,7 @@ def _config(name="tiny"):
     (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
 ])
 def test_config_validation_errors(edit, msg):
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     c = _config()
     edit(c)
@@ -160,7 +160,7 @@ def test_lr_schedule_warmup_is_diffusers_and_decay_follows_the_epoch():
 
     from diffusers.optimization import get_scheduler
 
-    from ddpo_grpo.trainer.build import RunState, lr_factor
+    from ddpo_grpo.trainer.run.build import RunState, lr_factor
 
     state = RunState()
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -180,7 +180,7 @@ def test_lr_schedule_warmup_is_diffusers_and_decay_follows_the_epoch():
 
 
 def test_adaptive_lr_scale_follows_the_policy_shift():
-    from ddpo_grpo.trainer.training import LR_SCALE_BOUNDS, adapt_lr_scale
+    from ddpo_grpo.trainer.epoch.training import LR_SCALE_BOUNDS, adapt_lr_scale
 
     assert adapt_lr_scale(1.0, 2.1e-3, 1e-3) == 1 / 1.5  # over twice the target: smaller steps
     assert adapt_lr_scale(1.0, 0.49e-3, 1e-3) == 1.5  # under half of it: larger steps
@@ -207,7 +207,7 @@ def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
     (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
 ])
 def test_sde_settings_validation_errors(edit, msg):
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     c = _config("tiny_flow")
     edit(c)
@@ -219,8 +219,8 @@ def test_sde_settings_validation_errors(edit, msg):
                                                       (10, 0, "fixed", "sde"), (3, 6, "fixed", "cps"),
                                                       (9, 0, "sliding", "cps"), (4, 99, "random", "sde")])
 def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_type):
-    from ddpo_grpo.trainer.build import validate_config
-    from ddpo_grpo.trainer.sampling import sde_window, stochastic_steps
+    from ddpo_grpo.trainer.run.validate import validate_config
+    from ddpo_grpo.trainer.epoch.sampling import sde_window, stochastic_steps
 
     c = _config("tiny_flow")
     _window(c, size, start, mode, sde_type)
@@ -233,7 +233,7 @@ def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_ty
 def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():
     # DDIM has no CPS endpoint: its last step is stochastic, so a sliding window of 3 in 10 steps has 8 starts
     # (0..7) even when sample.sde_type is "cps" (a flow-only option that DDIM ignores); the flow CPS room is 9 steps.
-    from ddpo_grpo.trainer.sampling import sde_window, stochastic_steps
+    from ddpo_grpo.trainer.epoch.sampling import sde_window, stochastic_steps
 
     c, f = _config("tiny"), _config("tiny_flow")
     _window(c, 3, 0, "sliding", "cps")
@@ -244,7 +244,7 @@ def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():
 
 
 def test_unknown_config_name_and_empty_prompt_file(tmp_path):
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     with pytest.raises(ValueError, match="unknown config name 'nope'"):
         _config("nope")
@@ -257,7 +257,7 @@ def test_unknown_config_name_and_empty_prompt_file(tmp_path):
 
 
 def test_recam_geometry_validates_for_8_processes():
-    from ddpo_grpo.trainer.data import KRepeatSampler
+    from ddpo_grpo.trainer.run.data import KRepeatSampler
 
     c = _config("recam")
     s = KRepeatSampler(10**6, c.sample.batch_size, c.sample.num_batches_per_epoch, 8, c.sample.k, c.seed)
@@ -265,7 +265,7 @@ def test_recam_geometry_validates_for_8_processes():
 
 
 def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
-    from ddpo_grpo.trainer.data import ToyWorldConditions
+    from ddpo_grpo.trainer.run.data import ToyWorldConditions
 
     data = ToyWorldConditions("train")
     s = KRepeatSampler(len(data), 16, 4, 1, 8, seed=0, weights=data.weights)
@@ -282,7 +282,7 @@ def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
 
 @pytest.mark.parametrize("objects,n_train,n_eval", [("single", 40, 32), ("pair", 2176, 32), ("mixed", 2216, 64)])
 def test_task_mix_keeps_the_split_and_the_object_count(objects, n_train, n_eval):
-    from ddpo_grpo.trainer.data import build_dataset
+    from ddpo_grpo.trainer.run.data import build_dataset
     from ddpo_grpo.worlds.toyworld import ToyWorldDataset
 
     c = _config()
@@ -298,7 +298,7 @@ def test_task_mix_keeps_the_split_and_the_object_count(objects, n_train, n_eval)
 
 
 def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
-    from ddpo_grpo.trainer.data import ToyWorldConditions, build_dataset
+    from ddpo_grpo.trainer.run.data import ToyWorldConditions, build_dataset
 
     c = _config()
     c.data.num_conditions = 32
@@ -323,7 +323,7 @@ def test_condition_subset_is_fixed_keeps_indices_and_feeds_train_split_eval():
 
 
 def test_shared_init_noise_depends_on_condition_and_epoch_only():
-    from ddpo_grpo.trainer.sampling import group_init_noise
+    from ddpo_grpo.trainer.epoch.sampling import group_init_noise
 
     c = _config()
     a = group_init_noise(c, 3, [5, 9, 5], (3, 8, 8))
@@ -345,7 +345,7 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
     import types
 
     from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
-    from ddpo_grpo.trainer.update import trainable_columns
+    from ddpo_grpo.trainer.epoch.update import trainable_columns
 
     from helpers import ddim_scheduler
 
@@ -368,7 +368,7 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
 def test_too_few_conditions_for_the_geometry_fails_in_validation():
     """recam_image_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
     fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     c = _config("recam_image_tiny")
     assert validate_config(c, num_processes=1) == "ddim"
@@ -382,13 +382,13 @@ def test_too_few_conditions_for_the_geometry_fails_in_validation():
                                   "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_image_tiny", "recam", "recam_video_tiny", "tiny_hack",
                                   "tiny_colour_branch", "tiny_branch"])
 def test_named_configs_validate(name):
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     validate_config(_config(name), 1)  # raises ConfigError on a broken named config
 
 
 def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
-    from ddpo_grpo.trainer.update import training_calls
+    from ddpo_grpo.trainer.epoch.update import training_calls
 
     c = _config("tiny_colour_grpo")
     n = c.sample.batch_size * c.sample.num_batches_per_epoch
@@ -405,7 +405,7 @@ def test_phase_timer_counts_denoiser_rows_per_phase():
     from helpers import tiny_unet
 
     from ddpo_grpo.core.policy_step import denoiser_output
-    from ddpo_grpo.trainer.reporting import PhaseTimer
+    from ddpo_grpo.trainer.run.reporting import PhaseTimer
 
     unet = tiny_unet()
     x, t, emb = torch.zeros(3, 3, 8, 8), torch.full((3,), 500), torch.zeros(3, 5, 8)

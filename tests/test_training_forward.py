@@ -11,11 +11,11 @@ import torch
 from accelerate import Accelerator
 
 from ddpo_grpo.core.reference import EMAReference
-from ddpo_grpo.trainer import training_forward
-from ddpo_grpo.trainer.advantages import EpochAdvantages
-from ddpo_grpo.trainer.build import RunContext, RunState
-from ddpo_grpo.trainer.sampling import EpochSamples
-from ddpo_grpo.trainer.update import steps_per_sample
+from ddpo_grpo.trainer.epoch import training_forward
+from ddpo_grpo.trainer.epoch.advantages import EpochAdvantages
+from ddpo_grpo.trainer.run.build import RunContext, RunState
+from ddpo_grpo.trainer.epoch.sampling import EpochSamples
+from ddpo_grpo.trainer.epoch.update import steps_per_sample
 
 from helpers import ddim_scheduler, tiny_unet
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from ddpo_grpo.trainer.advantages import EpochAdvantages
-from ddpo_grpo.trainer.build import RunState, lr_factor
+from ddpo_grpo.trainer.epoch.advantages import EpochAdvantages
+from ddpo_grpo.trainer.run.build import RunState, lr_factor
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings
 from ddpo_grpo.core.reference import EMAReference
-from ddpo_grpo.trainer.sampling import EpochSamples
-from ddpo_grpo.trainer.training import train_epoch
+from ddpo_grpo.trainer.epoch.sampling import EpochSamples
+from ddpo_grpo.trainer.epoch.training import train_epoch
 
 from helpers import ddim_scheduler, tiny_unet
 
@@ -101,7 +101,7 @@ def test_cfg_mismatch_warns_and_trains_with_warn(capsys):
 
 def test_onpolicy_check_setting_is_validated():
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.verification import check_onpolicy_config
+    from ddpo_grpo.trainer.checks.verification import check_onpolicy_config
 
     for mode in ("stop", "warn", "off"):
         check_onpolicy_config(make_ctx(onpolicy_check=mode).config)
@@ -201,7 +201,7 @@ def test_nonfinite_gradient_norm_is_counted_not_averaged():
 def _first_call_step(ctx, unet, samples):
     """policy_step on the epoch's first training call (its samples x timesteps), with the given weights."""
     from ddpo_grpo.core.policy_step import policy_step
-    from ddpo_grpo.trainer.update import training_calls
+    from ddpo_grpo.trainer.epoch.update import training_calls
 
     calls, _ = training_calls(N, T, ctx.config, epoch=0, inner=0, rank=0, per_call=2)
     idx, cols = calls[0]
@@ -255,7 +255,7 @@ def _step(unet, ctx, samples, rows, c):
 
 
 def test_untrained_columns_complement_the_trained_ones():
-    from ddpo_grpo.trainer.update import trainable_columns, untrained_columns
+    from ddpo_grpo.trainer.epoch.update import trainable_columns, untrained_columns
 
     ctx = make_ctx()
     samples, _ = make_samples(ctx)
@@ -270,7 +270,7 @@ def test_untrained_columns_complement_the_trained_ones():
 def test_untrained_kl_is_the_gaussian_kl_with_the_std_clamped():
     import copy
 
-    from ddpo_grpo.trainer.training import untrained_kl
+    from ddpo_grpo.trainer.epoch.training import untrained_kl
 
     ctx = make_ctx(beta=0.1)
     ctx.reference = EMAReference(ctx.unet, alpha=1.0, update_freq=1)  # a frozen copy of the start weights
@@ -332,7 +332,7 @@ def test_the_runs_tolerance_follows_its_dtype_and_clip_range():
     """core.loss.onpolicy_tolerance through the trainer's reading of the run: float32 on CPU 1e-5; bf16 / fp16, and
     float32 on CUDA with TF32 kernels, half the clip range (docs/reliability.md says why)."""
     from ddpo_grpo.core.loss import onpolicy_tolerance
-    from ddpo_grpo.trainer.verification import run_tolerance
+    from ddpo_grpo.trainer.checks.verification import run_tolerance
 
     cfg = make_ctx().config
     acc = lambda mp, dev="cpu": types.SimpleNamespace(mixed_precision=mp, device=torch.device(dev))  # noqa: E731

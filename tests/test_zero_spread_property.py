@@ -12,10 +12,10 @@ from accelerate import Accelerator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpo_grpo.trainer.advantages import compute_advantages
+from ddpo_grpo.trainer.epoch.advantages import compute_advantages
 from ddpo_grpo.errors import VerificationError
 from ddpo_grpo.core.stat_tracking import ZERO_SPREAD_EPS, PerPromptStatTracker, zero_spread
-from ddpo_grpo.trainer.verification import verify_groups
+from ddpo_grpo.trainer.checks.verification import verify_groups
 
 # derandomize: CI draws the same 150 examples every run, so a pass or a failure is the code's, not the draw's;
 # DDPO_HYPOTHESIS_EXPLORE=1 searches freely (run so before changing the tracker or the check).

@@ -79,7 +79,7 @@ def _recam_on_cpu(config):
 
 def recam_video_tiny():
     """recam on this CPU: the bundled ReCamMaster-architecture model `tiny-recam-video` (diffusers' Wan classes + the
-    camera layers, pretrained on the video camera world by scripts/pretrain_recam_video.py) with its own
+    camera layers, pretrained on the video camera world by benchmarks/pretrain_recam_video.py) with its own
     recammaster.ckpt, 9 frames of 32x32 px; trained on all 512 training conditions (8 new ones per epoch, k = 16) and
     evaluated on the 64 held-out ones x 4 seeds (256 deterministic samples). The update is DiffusionNFT's with GRPO's
     group advantages (the demo's: re-noised at u >= 0.6, soft-updated sampling policy, 4 optimizer steps per epoch):

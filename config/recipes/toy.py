@@ -45,7 +45,7 @@ def tiny_colour():
 def tiny_colour_nft():
     """The CPU demo: tiny_colour trained by DiffusionNFT (GRPO's group-relative advantages, the forward-process
     objective) at lr 3e-4. The per-step log-prob gradient cannot reach this error: the colour is decided by x_T and
-    the first denoising steps (scripts/step_credit.py: no step after the 4th of 10 flips an outcome), so the sampled
+    the first denoising steps (benchmarks/step_credit.py: no step after the 4th of 10 flips an outcome), so the sampled
     images are re-noised only at those noise levels, 3 per sample; and the sampling policy follows the trained one
     by EMA (DiffusionNFT's soft update), so one bad update is not sampled from at once. Held-out strict accuracy
     0.32 -> 0.78 / 0.75 / 0.78 at epoch 36 on seeds 1 / 2 / 42, each run's last eval its best (docs/efficacy.md)."""
@@ -74,7 +74,7 @@ def tiny_hack():
 
 def tiny_colour_grpo():
     """tiny_colour trained by the clipped-ratio GRPO loss, in the shape the policy gradient needs here: only the
-    two noisiest steps are trained (std >= 0.6; scripts/step_credit.py: the colour flips at x_T and step 0, never
+    two noisiest steps are trained (std >= 0.6; benchmarks/step_credit.py: the colour flips at x_T and step 0, never
     after step 3), and each epoch's 256 samples (32 conditions x k = 8) make ONE optimizer step at lr 1e-4. With
     64 samples in 4 steps the same lr broke the model within 2 epochs: a small batch's policy gradient is mostly
     noise, Adam makes full-size steps of it, and the mean-over-dims ratio (0.9998, clipfrac 0) cannot see it
@@ -91,7 +91,7 @@ def tiny_colour_grpo():
 
 def tiny_colour_branch():
     """tiny_colour_grpo on branched trajectories (core/branching.py): per condition one tree, x_T shared, 8 children
-    split at step 0 (where scripts/step_credit.py finds the colour decided after x_T) and finished deterministically
+    split at step 0 (where benchmarks/step_credit.py finds the colour decided after x_T) and finished deterministically
     (DDIM eta 0, the eval's sampler). The 8 siblings are the group, so the advantage is what step 0's noise did, not
     x_T's luck; only step 0 is stored and trained. Same geometry as tiny_colour_grpo (256 samples, one optimizer
     step per epoch, lr 1e-4, KL to the start model). Held-out strict at epoch 36: 0.609 / 0.555 / 0.613 (seeds

@@ -15,7 +15,7 @@ depth d to its node at depth d + 1. That transition is shared by the K**(D - d -
 are not trained there, so no transition is counted twice.
 
 This module owns the tree rule. The sampler (`pipeline_with_logprob`), the advantages and the live check
-(trainer/verification.py) all call it. Nothing here imports the trainer.
+(trainer/checks/verification.py) all call it. Nothing here imports the trainer.
 """
 from __future__ import annotations
 

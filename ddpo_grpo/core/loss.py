@@ -8,10 +8,10 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 KL_TYPES = ("gaussian", "k3")
-# Where the KL to the reference is taken: at the trained steps, or at every step (trainer/training.py).
+# Where the KL to the reference is taken: at the trained steps, or at every step (trainer/epoch/training.py).
 KL_STEPS = ("trained", "all")
 
-# The on-policy check (trainer/verification.py check_onpolicy): before an epoch's first optimizer step the policy is
+# The on-policy check (trainer/checks/verification.py check_onpolicy): before an epoch's first optimizer step the policy is
 # the sampling policy, so exp(logp - logp_old) of every re-scored transition must be 1 up to the arithmetic.
 ONPOLICY_TOL_EXACT = 1e-5  # float32 re-scoring: other rows in a call sum in another order (1.7e-6 measured)
 

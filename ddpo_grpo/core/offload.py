@@ -1,5 +1,5 @@
 """Frozen modules parked on the host between their calls (config pretrained.offload, and text encoders once the prompt
-embeddings are cached: trainer/embeddings.py).
+embeddings are cached: trainer/run/embeddings.py).
 
 A parked module lives on the CPU and visits the compute device only for a call: the VAE for decode / encode, the
 text encoders for encode_prompt, so that during the training phase the accelerator holds the denoiser, its

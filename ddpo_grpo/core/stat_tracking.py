@@ -175,7 +175,7 @@ class PerPromptStatTracker:
     def baseline(self, key: Hashable, g: np.ndarray, batch: np.ndarray):
         """The statistics a group's advantages are (r - mean) / scale of, zero where `zero`, from the tracker's state
         after the update() that computed them: the one rule the advantages and the live check
-        (trainer/verification.py) both use. g: the key's (n, T) rewards in that call; batch: the call's (B, T).
+        (trainer/checks/verification.py) both use. g: the key's (n, T) rewards in that call; batch: the call's (B, T).
         Returns (mean (T,), scale (T,), zero (T,) bool), float64."""
         if self.std_mode == "running":
             std = np.sqrt(self.running_var)

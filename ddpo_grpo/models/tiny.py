@@ -1,5 +1,5 @@
 """Architectures of the bundled tiny models: a word-level CLIP tokenizer, a small CLIP text encoder
-and a pixel-space UNet2DConditionModel. Used by scripts/pretrain_tiny.py; loading goes through
+and a pixel-space UNet2DConditionModel. Used by benchmarks/pretrain_tiny.py; loading goes through
 `ddpo_grpo.models.load_pipeline` like any diffusers checkpoint."""
 from __future__ import annotations
 

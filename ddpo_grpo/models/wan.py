@@ -144,7 +144,7 @@ class WanAdapter(ModelAdapter):
         return check_size(resolution, num_frames, spatial, temporal, _read_config(path, "transformer")["patch_size"])
 
     def check_resolution(self, path: str, resolution: int) -> str:
-        """'' if the model at `path` samples resolution x resolution px (0: 480x832), else why not (trainer/build)."""
+        """'' if the model at `path` samples resolution x resolution px (0: 480x832), else why not (trainer/run/validate)."""
         return self.check_size(path, resolution, 0)
 
     def configure(self, pipe, config) -> None:

@@ -3,7 +3,7 @@ or grey, over-exposure, blur or grids, flicker in video) as numbers, one per sam
 
 All take images (N, C, H, W) in [0, 1] (C = 3 RGB, or 1 grey) or video (N, F, C, H, W) and return (N,) per sample
 (video: the mean over frames, plus `flicker`). Each statistic lies in [0, 1], so one threshold on its change from the
-start model (trainer/hacking.py) means the same for each:
+start model (trainer/checks/hacking.py) means the same for each:
   saturation        mean HSV saturation (max - min) / max of the RGB channels (0 where max = 0)
   colour_entropy    Shannon entropy of the sample's colours quantised to 4 levels per channel (64 bins), / log2 64
   dark_fraction     share of pixels with luma (0.299 R + 0.587 G + 0.114 B) below 0.1

@@ -47,7 +47,7 @@ class RecamConditions:
         return self._conds[idx]
 
     def prompt_at(self, i: int) -> str:
-        """Item i's prompt without rendering its views (trainer/embeddings.dataset_prompts)."""
+        """Item i's prompt without rendering its views (trainer/run/embeddings.dataset_prompts)."""
         return self.condition(i % len(self)).prompt()
 
     def __getitem__(self, i: int) -> Dict:

@@ -88,7 +88,7 @@ class ConditionSubset:
         return self.dataset[self.positions[i]]
 
     def prompt_at(self, i: int) -> str:
-        """Item i's prompt (trainer/embeddings.dataset_prompts), without building the item where the dataset can."""
+        """Item i's prompt (trainer/run/embeddings.dataset_prompts), without building the item where the dataset can."""
         at = getattr(self.dataset, "prompt_at", None)
         return at(self.positions[i]) if at is not None else self.dataset[self.positions[i]]["prompt"]
 

@@ -53,7 +53,7 @@ class PromptEmbeddings:
     def __init__(self, pipe, device, host: bool = False):
         self.pipe, self.device, self.host = pipe, torch.device(device), bool(host)
         self.table: Dict[str, torch.Tensor] = {}
-        self.seconds = 0.0  # time spent encoding (the startup line: trainer/startup.py)
+        self.seconds = 0.0  # time spent encoding (the startup line: trainer/run/startup.py)
 
     def _one(self, prompt: str) -> torch.Tensor:
         e = self.pipe.encode([prompt])[0]

@@ -23,7 +23,7 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool):
     """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
     {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
     on gold). Batches of eval.batch_size."""
-    from .hacking import score_gold, timed
+    from ..checks.hacking import score_gold, timed
 
     config, acc = ctx.config, ctx.accelerator
     settings = sampler_settings(config, ctx.pipe.family)

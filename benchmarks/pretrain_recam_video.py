@@ -1,6 +1,6 @@
 """Pretrain the bundled tiny ReCamMaster-architecture model ("tiny-recam-video") on the video camera world.
 
-    python scripts/pretrain_recam_video.py --out assets/tiny-recam-video
+    python benchmarks/pretrain_recam_video.py --out assets/tiny-recam-video
 
 What it builds, with diffusers' own classes: a Wan VAE (AutoencoderKLWan, 4x space and 4x time: 9 frames of 32x32 px
 -> latents 8 x 3 x 8 x 8, per-channel latents_mean / latents_std measured on the world), a tiny UMT5 text encoder
@@ -198,7 +198,7 @@ def save(args, parts, transformer, meta, step) -> None:
                 scheduler=parts["scheduler"]).save_pretrained(tmp)
     torch.save(original_state(transformer), os.path.join(tmp, EXPORT_CHECKPOINT))
     with open(os.path.join(tmp, "pretrain_meta.json"), "w") as f:
-        json.dump(dict(meta, args=vars(args), script="scripts/pretrain_recam_video.py"), f, indent=1)
+        json.dump(dict(meta, args=vars(args), script="benchmarks/pretrain_recam_video.py"), f, indent=1)
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)

@@ -174,7 +174,7 @@ def raise_alarm(acc, epoch: int, kind: str, msg: str, stop: bool) -> None:
 def write_best_export(ctx) -> str:
     """The model eval measured into <run>/best_gold_export: written beside it, then renamed into place, so a kill
     leaves the previous best whole. Every process calls it (write_model_export is a collective)."""
-    from .checkpointing import write_model_export
+    from ..run.checkpointing import write_model_export
 
     acc = ctx.accelerator
     out = os.path.join(ctx.run_dir, BEST_GOLD_EXPORT)

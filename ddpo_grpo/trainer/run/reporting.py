@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from .evaluation import evaluate
+from ..epoch.evaluation import evaluate
 
 
 class PhaseTimer:
@@ -151,7 +151,7 @@ def dump_debug(ctx, epoch: int, samples, rewards, adv) -> None:
 
 
 def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
-    from .hacking import on_eval
+    from ..checks.hacking import on_eval
 
     per_sample = {}
     metrics, images, captions = evaluate(ctx, per_sample)
@@ -185,7 +185,7 @@ def finish(ctx, seconds: float, final_eval: bool = True) -> None:
         if evals:
             shutil.copy(os.path.join(ctx.run_dir, "images", evals[-1]), os.path.join(ctx.run_dir, "final_grid.png"))
         with open(os.path.join(ctx.run_dir, "summary.json"), "w") as f:
-            from .hacking import summary_fields
+            from ..checks.hacking import summary_fields
 
             gold_s = [h["gold_seconds"] for h in ctx.state.history if "gold_seconds" in h]
             json.dump({"seconds": round(seconds, 1), "history": ctx.state.history, "final_eval": final,

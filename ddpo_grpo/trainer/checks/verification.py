@@ -247,7 +247,7 @@ def run_tolerance(config, accelerator) -> Tuple[float, str]:
 
 def run_old_logprobs(config, accelerator) -> str:
     """This run's train.old_logprobs, "auto" resolved (rescoring.old_logprobs_source): "rescore" or "sampling"."""
-    from .rescoring import old_logprobs_source
+    from ..epoch.rescoring import old_logprobs_source
 
     dtype, tf32 = run_precision(accelerator)
     return old_logprobs_source(config, dtype != torch.float32 or tf32, torch.device(accelerator.device).type != "cpu")

@@ -21,7 +21,7 @@ from .rescoring import (call_inputs, gather_sampler_gap, rescore_old_logprobs, s
                         truncated_is_weight)
 from .update import (cell_training_calls, optimizer_step, probe_sizes, steps_per_sample, trainable_columns,
                      training_calls, untrained_columns, zero_loss)
-from .verification import check_onpolicy, run_old_logprobs
+from ..checks.verification import check_onpolicy, run_old_logprobs
 
 
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:

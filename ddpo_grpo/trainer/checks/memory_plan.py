@@ -104,7 +104,7 @@ def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
                      0.0 if s.cache_embeddings else n * float(run)))
     vae_b = c.vae_bytes.get(s.precision, run)
     rows.append((f"vae ({_dt(vae_b)})" + (" offloaded" if s.offload else ""), 0.0 if s.offload else c.vae * float(vae_b)))
-    # trainer/embeddings.py: without the cache each prompt's embedding is kept on the device once encoded (the whole
+    # trainer/run/embeddings.py: without the cache each prompt's embedding is kept on the device once encoded (the whole
     # prompt set by the run's end); with data.cache_embeddings they are held on the host, a batch's copied per call.
     emb = c.num_prompts * c.condition_elems * float(base_bytes)
     rows.append((f"prompt embeddings ({c.num_prompts} prompts)" + (" on the host" if s.cache_embeddings else ""),
@@ -144,7 +144,7 @@ def phases(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
 
 def host(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
     """Host bytes per process that the switches move off the device (every process holds its own copy): the cached
-    prompt embeddings (data.cache_embeddings, trainer/embeddings.py keeps the whole set), the text encoders parked
+    prompt embeddings (data.cache_embeddings, trainer/run/embeddings.py keeps the whole set), the text encoders parked
     after caching or offloaded (pretrained.offload, core/offload.py), the offloaded VAE. [] when both are off."""
     run = DTYPE_BYTES[s.precision]
     from ddpo_grpo.models.base import component_dtype, run_dtype
@@ -224,7 +224,7 @@ def launch_engine(environ=None) -> Engine:
     ACCELERATE_DEEPSPEED_ZERO_STAGE (accelerate's default 2), else DDP replicas. FSDP_SHARDING_STRATEGY is FSDP1's
     (accelerate exports it for every FSDP launch; FSDP2 ignores it) and scale.after_prepare makes every FSDP2 group
     reshard after forward, so an FSDP2 launch is always planned as full shard. FSDP1 is refused (scale.check_engine)."""
-    from .scale import engine as launched
+    from ..run.scale import engine as launched
 
     env = os.environ if environ is None else environ
     world = int(env.get("WORLD_SIZE") or 1)
@@ -256,11 +256,11 @@ def _environ(env):
 
 def training_call(config, trained_steps: int) -> Tuple[int, int]:
     """(samples b, timesteps S) of the largest training call, from the functions that make the calls
-    (trainer/update.py): training_calls' plan at train.timesteps_per_call, or under 0 (auto) at the probe's
+    (trainer/epoch/update.py): training_calls' plan at train.timesteps_per_call, or under 0 (auto) at the probe's
     largest size, all trained steps in one call (probe_sizes; the probe runs it at real shape, so it is the peak);
     one column per row for branched trajectories (cell_training_calls). trained_steps: trainable stored steps per
     sample (ModelCounts.trained_steps); N: sample.batch_size x num_batches_per_epoch samples per process."""
-    from .update import cell_training_calls, probe_sizes, steps_per_sample, training_calls
+    from ..epoch.update import cell_training_calls, probe_sizes, steps_per_sample, training_calls
 
     N = int(config.sample.batch_size) * int(config.sample.num_batches_per_epoch)
     if config.sample.get("branch_steps", ()):
@@ -302,7 +302,7 @@ def device_memory_gib(config) -> Optional[float]:
         return float(config.device_memory_gb)
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / GiB
-    from .devices import npu_available
+    from ..run.devices import npu_available
 
     if npu_available():
         return torch.npu.get_device_properties(0).total_memory / GiB

@@ -1,6 +1,6 @@
 """Does FSDP2 (torch.distributed.fsdp.fully_shard) run on CPU over gloo? A standalone probe, 2 processes:
 
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc_per_node 2 scripts/probe_fsdp2_gloo.py [--accelerate]
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc_per_node 2 benchmarks/probe_fsdp2_gloo.py [--accelerate]
 
 Checks, each printed as `PROBE <name>: ok|FAIL <one line>` by rank 0:
   raw_step      fully_shard per layer + root on a cpu mesh: forward/backward/AdamW step matches a replicated model

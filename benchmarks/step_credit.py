@@ -13,7 +13,7 @@ plus the toy world's per-attribute flip shares. A step whose re-drawn noise neve
 only noise to the policy gradient (leave it out with `train.min_step_std` or a flow SDE window); an outcome that
 x_T decides and no step flips cannot be raised by per-step credit at all (docs/efficacy.md).
 
-    python scripts/step_credit.py --config config/grpo.py:tiny_colour --conditions 16 --redraws 8
+    python benchmarks/step_credit.py --config config/grpo.py:tiny_colour --conditions 16 --redraws 8
 """
 import json
 import os
@@ -38,7 +38,7 @@ def define_flags():
 
 def main(_):
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.build import validate_config
+    from ddpo_grpo.trainer.run.validate import validate_config
 
     config = FLAGS.config
     try:
@@ -65,8 +65,8 @@ def measure(config, num_conditions: int, redraws: int) -> dict:
     from ddpo_grpo.core.policy_step import SamplerSettings, schedule_stds
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.rewards import RewardComputer
-    from ddpo_grpo.trainer.data import build_dataset
-    from ddpo_grpo.trainer.evaluation import passed
+    from ddpo_grpo.trainer.run.data import build_dataset
+    from ddpo_grpo.trainer.epoch.evaluation import passed
 
     s = config.sample
     pipe = load_pipeline(config.pretrained.model, resolution=config.pretrained.resolution)

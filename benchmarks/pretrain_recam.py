@@ -1,6 +1,6 @@
 """Pretrain the bundled tiny camera re-rendering model ("tiny-recam") on the recam world.
 
-    python scripts/pretrain_recam.py --out assets/tiny-recam --steps 3000 --snapshot-every 500
+    python benchmarks/pretrain_recam.py --out assets/tiny-recam --steps 3000 --snapshot-every 500
 
 The model re-renders a source view under a requested camera motion: a pixel-space UNet whose input is
 9 channels = 3 noisy target channels + the 6 condition channels of `RecamConditions` items (source view in

@@ -1,5 +1,5 @@
 """A model's parameter and activation counts at a config's shapes, on the meta device (no weights, no memory):
-what memory_plan.plan takes (ModelCounts), and the meta-device inputs scripts/bench_gpu.py counts FLOPs with.
+what memory_plan.plan takes (ModelCounts), and the meta-device inputs benchmarks/bench_gpu_point.py counts FLOPs with.
 
 Built models (models.BUILT) come from their builders on "meta"; a folder's components from its config files
 (`meta_loading`: diffusers' and transformers' from_pretrained build from the config on the meta device inside it),
@@ -277,7 +277,7 @@ def _numel(module) -> int:
 
 def lora_count(pipe, config) -> int:
     """LoRA parameters make_trainable adds at the config's rank (on the meta denoiser, which it changes)."""
-    from .build import make_trainable
+    from ..run.build import make_trainable
 
     denoiser = inner_model(pipe.unet)
     before = _numel(denoiser)
@@ -295,8 +295,8 @@ def trained_steps(config, pipe) -> int:
 
     from ddpo_grpo.core.policy_step import schedule_stds
 
-    from .sampling import sampler_settings, stochastic_steps
-    from .update import trainable_columns
+    from ..epoch.sampling import sampler_settings, stochastic_steps
+    from ..epoch.update import trainable_columns
 
     n = stochastic_steps(config, pipe.family, pipe.scheduler)
     stds = schedule_stds(pipe.scheduler, sampler_settings(config, pipe.family), int(config.sample.num_steps))
@@ -330,7 +330,7 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
     precision: the run's ("no", "bf16", "fp16"); activations and phases are counted under its autocast rules."""
     from ddpo_grpo.models.base import component_dtype
 
-    from .data import build_dataset
+    from ..run.data import build_dataset
 
     if pipe is None:
         pipe = meta_pipeline(config)

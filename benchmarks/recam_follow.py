@@ -1,6 +1,6 @@
 """Does a recam model follow the camera? cam_score and the regression of estimated on requested motion.
 
-    python scripts/recam_follow.py --model tiny-recam --conditions 32 --copies 8
+    python benchmarks/recam_follow.py --model tiny-recam --conditions 32 --copies 8
 
 Samples `--copies` views of each of the first `--conditions` conditions of a split (DDIM, `--steps` steps;
 eta 1 as the trainer samples, or `--eta 0`), scores them with `cam_score`'s moments estimator and prints

@@ -1,7 +1,7 @@
 """Pretrain the bundled tiny text-to-image model on the toy world.
 
-    python scripts/pretrain_tiny.py --family ddim --out assets/tiny-t2i --steps 1500
-    python scripts/pretrain_tiny.py --family flow --out assets/tiny-flow --steps 1500
+    python benchmarks/pretrain_tiny.py --family ddim --out assets/tiny-t2i --steps 1500
+    python benchmarks/pretrain_tiny.py --family flow --out assets/tiny-flow --steps 1500
 
 `ddim`: v-prediction with a DDIMScheduler (cosine betas). `flow`: rectified flow (x_t = (1-s) x0 + s eps,
 velocity target eps - x0) with a FlowMatchEulerDiscreteScheduler. Both are seeded and reproducible on

@@ -5,7 +5,7 @@ for code that reads whole parameters (core/reference.py has its own: core does n
 accelerate 1.15 turns FSDP on only for GPU-like process groups (AcceleratorState sets DistributedType.FSDP in its
 MULTI_GPU/NPU/XPU/... branch); on CPU processes an FSDP launch would silently run DDP. `check_engine_applied` stops
 such a run in one line once the Accelerator exists. torch's fully_shard itself runs on a CPU mesh over gloo
-(scripts/probe_fsdp2_gloo.py): tests/fsdp_cpu_train.py patches accelerate (tests only) so that the trainer's FSDP2
+(benchmarks/probe_fsdp2_gloo.py): tests/fsdp_cpu_train.py patches accelerate (tests only) so that the trainer's FSDP2
 path is exercised here, and then passes this check because accelerate really built an FSDP run.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 
-from .update import steps_per_sample
+from ..epoch.update import steps_per_sample
 
 
 def _flag(name: str) -> bool:
