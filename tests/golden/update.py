@@ -15,8 +15,7 @@ from golden_configs import FOLDER, grpo_module, write  # noqa: E402
 
 def main(names):
     mod = grpo_module()
-    known = sorted(n for n, f in vars(mod).items() if callable(f) and not n.startswith("_") and n != "get_config"
-                   and getattr(f, "__module__", "") == mod.__name__)
+    known = sorted(mod.CONFIGS)  # config/grpo.py's index
     names = names or known
     unknown = sorted(set(names) - set(known))
     if unknown:
