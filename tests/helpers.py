@@ -181,3 +181,18 @@ def write_mp4(path, frames_u8, fps=15):
                 c.mux(p)
         for p in st.encode():
             c.mux(p)
+
+
+def grpo_configs():
+    """config/grpo.py, loaded by path as scripts/train.py's --config loads it (its CONFIGS index, get_config)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grpo_configs_tests", os.path.join(ROOT, "config", "grpo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def named_config(name: str = "tiny"):
+    """A named config as `--config config/grpo.py:NAME` builds it."""
+    return grpo_configs().get_config(name)

@@ -1,7 +1,5 @@
 """The trainer's steps in isolation: k-repeat sampling, advantages over gathered data with invalid rewards,
-live verification, the training call plan and config validation."""
-import os
-
+live verification and the training call plan (config validation: test_config_validation.py)."""
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from ddpo_grpo.errors import ConfigError, InvalidRewardError, VerificationError
 from ddpo_grpo.core.stat_tracking import PerPromptStatTracker
 from ddpo_grpo.trainer.epoch.update import training_calls
 from ddpo_grpo.trainer.checks.verification import verify_groups
+from helpers import named_config as _config
 
 
 def test_k_repeat_sampler_places_exactly_k_copies_across_processes():
@@ -109,52 +108,6 @@ def test_training_call_plan_covers_each_sample_and_timestep_once():
         assert len(cols) == 5 and len(set(cols)) == 5 and all(0 <= c < 10 for c in cols)
 
 
-def _config(name="tiny"):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("grpo_cfg", os.path.join(os.path.dirname(__file__), "..", "config", "grpo.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(name)
-
-
-@pytest.mark.parametrize("edit,msg", [
-    (lambda c: c.reward.fns.update({"nope": 1.0}), "unknown reward 'nope'"),
-    (lambda c: setattr(c.sample, "k", 1), "at least 2 copies"),
-    (lambda c: setattr(c.sample, "k", 5), "not divisible by sample.k=5"),
-    (lambda c: setattr(c.sample, "eta", 0.0), "eta=0"),
-    (lambda c: setattr(c.pretrained, "model", "/no/such/model"), "pretrained.model"),
-    (lambda c: setattr(c.tracker, "std_mode", "median"), "tracker.std_mode"),
-    (lambda c: setattr(c.reward, "per_step", "x1"), "reward.per_step"),
-    (lambda c: setattr(c.eval, "split", "test"), "eval.split='test'"),
-    (lambda c: setattr(c.data, "num_conditions", -1), "data.num_conditions=-1"),
-    (lambda c: setattr(c.train, "objective", "dpo"), "train.objective='dpo'"),
-    (lambda c: (setattr(c.train, "objective", "raft"), setattr(c.train, "beta", 0.01)), "set train.beta=0"),
-    (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_adv_scale", 0.0)), "nft_adv_scale=0.0"),
-    (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "nft_old_decay", 1.0)), "nft_old_decay=1.0"),
-    (lambda c: setattr(c.train, "nft_old_decay", 0.5), "needs train.objective='nft'"),
-    (lambda c: setattr(c.train, "target_shift_kl", -1e-3), "target_shift_kl=-0.001 must be >= 0"),
-    (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "target_shift_kl", 1e-3)),
-     "needs train.objective='grpo'"),
-    (lambda c: setattr(c.train, "kl_steps", "some"), "train.kl_steps='some'"),
-    (lambda c: setattr(c.train, "kl_steps", "all"), "needs train.beta > 0"),
-    (lambda c: (setattr(c.train, "beta", 0.01), setattr(c.train, "kl_type", "k3"), setattr(c.train, "kl_steps", "all")),
-     "kl_type='gaussian'"),
-    (lambda c: setattr(c.train, "forward_noise_min", 1.0), "need 0 <= min < max <= 1"),
-    (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
-    (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
-    (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
-    (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
-])
-def test_config_validation_errors(edit, msg):
-    from ddpo_grpo.trainer.run.validate import validate_config
-
-    c = _config()
-    edit(c)
-    with pytest.raises(ConfigError, match=msg):
-        validate_config(c, num_processes=1)
-
-
 def test_lr_schedule_warmup_is_diffusers_and_decay_follows_the_epoch():
     import math
 
@@ -189,79 +142,6 @@ def test_adaptive_lr_scale_follows_the_policy_shift():
     assert adapt_lr_scale(1.0, float("nan"), 1e-3) == 1 / 1.5  # a non-finite shift never raises the lr
     assert adapt_lr_scale(LR_SCALE_BOUNDS[0], 1.0, 1e-3) == LR_SCALE_BOUNDS[0]
     assert adapt_lr_scale(LR_SCALE_BOUNDS[1], 0.0, 1e-3) == LR_SCALE_BOUNDS[1]
-
-
-def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
-    c.sample.sde_window_size, c.sample.sde_window_start, c.sample.sde_window_mode = size, start, mode
-    c.sample.sde_type, c.sample.num_steps = sde_type, steps
-
-
-@pytest.mark.parametrize("edit,msg", [
-    (lambda c: setattr(c.sample, "sde_type", "ode"), r"sample.sde_type='ode'; choose one of \('sde', 'cps'\)"),
-    (lambda c: setattr(c.sample, "sde_window_mode", "rolling"), "sample.sde_window_mode='rolling'; choose one of"),
-    (lambda c: _window(c, 3, start=8), r"sde_window_start=8 \+ sample.sde_window_size=3 = 11 exceeds sample.num_steps=10"),
-    (lambda c: _window(c, 3, start=-1), "sample.sde_window_start=-1 must be >= 0"),
-    (lambda c: _window(c, 11), r"sample.sde_window_size=11 must be in \[0, num_steps=10\]"),
-    # cps's last step has no noise (σ' = 0): deterministic, a window has 9 of the 10 steps
-    (lambda c: _window(c, 3, start=7, sde_type="cps"), "= 10 exceeds the 9 stochastic steps"),
-    (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
-])
-def test_sde_settings_validation_errors(edit, msg):
-    from ddpo_grpo.trainer.run.validate import validate_config
-
-    c = _config("tiny_flow")
-    edit(c)
-    with pytest.raises(ConfigError, match=msg):
-        validate_config(c, num_processes=1)
-
-
-@pytest.mark.parametrize("size,start,mode,sde_type", [(0, 99, "fixed", "sde"), (3, 7, "fixed", "sde"),
-                                                      (10, 0, "fixed", "sde"), (3, 6, "fixed", "cps"),
-                                                      (9, 0, "sliding", "cps"), (4, 99, "random", "sde")])
-def test_sde_windows_that_fit_validate_and_stay_inside(size, start, mode, sde_type):
-    from ddpo_grpo.trainer.run.validate import validate_config
-    from ddpo_grpo.trainer.epoch.sampling import sde_window, stochastic_steps
-
-    c = _config("tiny_flow")
-    _window(c, size, start, mode, sde_type)
-    validate_config(c, num_processes=1)  # size 0 = no window: its start is not read
-    for epoch in range(12):
-        w = sde_window(c, epoch, "flow")
-        assert w is None if size == 0 else (0 <= w[0] and w[0] + w[1] <= stochastic_steps(c, "flow"))
-
-
-def test_a_ddim_window_ranges_over_every_step_whatever_sde_type_says():
-    # DDIM has no CPS endpoint: its last step is stochastic, so a sliding window of 3 in 10 steps has 8 starts
-    # (0..7) even when sample.sde_type is "cps" (a flow-only option that DDIM ignores); the flow CPS room is 9 steps.
-    from ddpo_grpo.trainer.epoch.sampling import sde_window, stochastic_steps
-
-    c, f = _config("tiny"), _config("tiny_flow")
-    _window(c, 3, 0, "sliding", "cps")
-    _window(f, 3, 0, "sliding", "cps")
-    assert stochastic_steps(c, "ddim") == c.sample.num_steps == 10 and stochastic_steps(f, "flow") == 9
-    assert sorted({sde_window(c, e, "ddim")[0] for e in range(16)}) == list(range(8))
-    assert sorted({sde_window(f, e, "flow")[0] for e in range(16)}) == list(range(7))
-
-
-def test_unknown_config_name_and_empty_prompt_file(tmp_path):
-    from ddpo_grpo.trainer.run.validate import validate_config
-
-    with pytest.raises(ValueError, match="unknown config name 'nope'"):
-        _config("nope")
-    c = _config()
-    c.data.name = "prompt_file"
-    c.data.path = str(tmp_path / "prompts.txt")
-    (tmp_path / "prompts.txt").write_text("\n\n")
-    with pytest.raises(ConfigError, match="is empty"):
-        validate_config(c, num_processes=1)
-
-
-def test_recam_geometry_validates_for_8_processes():
-    from ddpo_grpo.trainer.run.data import KRepeatSampler
-
-    c = _config("recam")
-    s = KRepeatSampler(10**6, c.sample.batch_size, c.sample.num_batches_per_epoch, 8, c.sample.k, c.seed)
-    assert s.num_conditions * c.sample.k == 64 and s.num_conditions == 16
 
 
 def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
@@ -363,39 +243,6 @@ def test_near_deterministic_steps_are_sampled_but_not_trained():
     assert set(trained.tolist()) == set(cols.tolist()) and len(trained) == 4 * len(cols)
     cfg.train.min_step_std = 0.0
     assert trainable_columns(samples, cfg).tolist() == list(range(10))
-
-
-def test_too_few_conditions_for_the_geometry_fails_in_validation():
-    """recam_image_tiny keeps 8 conditions; 2 processes x 8 x 16 = 256 samples need 16 distinct ones at k=16. That must
-    fail in validate_config (before any model is loaded), naming the knobs; 1 process (8 conditions) passes."""
-    from ddpo_grpo.trainer.run.validate import validate_config
-
-    c = _config("recam_image_tiny")
-    assert validate_config(c, num_processes=1) == "ddim"
-    with pytest.raises(ConfigError, match="needs 16 distinct conditions but the dataset has 8; .*data.num_conditions"):
-        validate_config(c, num_processes=2)
-    c.data.num_conditions = 16
-    validate_config(c, num_processes=2)
-
-
-@pytest.mark.parametrize("name", ["tiny", "tiny_colour", "tiny_colour_nft", "tiny_colour_grpo", "ddpo", "tiny_per_step",
-                                  "tiny_raft", "tiny_nft", "tiny_kl", "tiny_flow", "tiny_flow_window", "recam_image_tiny", "recam", "recam_video_tiny", "tiny_hack",
-                                  "tiny_colour_branch", "tiny_branch"])
-def test_named_configs_validate(name):
-    from ddpo_grpo.trainer.run.validate import validate_config
-
-    validate_config(_config(name), 1)  # raises ConfigError on a broken named config
-
-
-def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
-    from ddpo_grpo.trainer.epoch.update import training_calls
-
-    c = _config("tiny_colour_grpo")
-    n = c.sample.batch_size * c.sample.num_batches_per_epoch
-    calls, per_mb = training_calls(n, 10, c, epoch=0, inner=0, rank=0, per_call=1, columns=torch.tensor([0, 1]))
-    assert n == 256 and n // c.sample.k == 32
-    assert len(calls) == c.train.gradient_accumulation_steps * per_mb  # every call of the epoch in one step
-    assert c.train.beta == 0.04 and c.train.reference_model_mixup_alpha == 1.0  # KL to the frozen start model
 
 
 def test_phase_timer_counts_denoiser_rows_per_phase():
