@@ -16,7 +16,10 @@ steps) with the start model, then for every step t reports, at ratio 1 (the firs
 - `credit`:    the cam_score spread (std over --redraws re-draws, mean over conditions) when only step t's noise is
                re-drawn (x_T and every other step's noise fixed): how much of a clip's reward step t decides;
 - `shift`:     with --compare MODEL: the Gaussian KL (mean over dims) between the start model's step-t policy and
-               MODEL's on the sampled states: which steps a run moved.
+               MODEL's on the sampled states: which steps a run moved (what train/policy_shift_kl and the
+               clipped ratio see);
+- `velocity_change`: with --compare, the RMS change of the denoiser's velocity at step t (what the deterministic
+               eval sampler sees: at the noisy steps a large velocity change is a small KL).
 """
 from __future__ import annotations
 
@@ -101,11 +104,13 @@ def step_shift(pipe, other, settings, traj, emb, cond, t: int, chunk: int = 32) 
         tt, idx = traj.timesteps[t].expand(n), traj.step_indices[t].expand(n)
         a = policy_step(pipe.unet, pipe.scheduler, settings, traj.latents[r, t], tt, idx, emb[r], None,
                         prev_sample=traj.latents[r, t + 1], cond_channels=cond[r])
-        b = policy_step(other.unet, other.scheduler, settings, traj.latents[r, t], tt, idx, emb[r], None,
+        b = policy_step(other.unet, pipe.scheduler, settings, traj.latents[r, t], tt, idx, emb[r], None,
                         prev_sample=traj.latents[r, t + 1], cond_channels=cond[r])
         kl = ((a.mean - b.mean) ** 2 / (2 * a.std ** 2)).reshape(n, -1).mean(1)
-        out.append(kl)
-    return float(torch.cat(out).mean())
+        dv = ((a.model_output - b.model_output) ** 2).reshape(n, -1).mean(1)
+        out.append(torch.stack([kl, dv], 1))
+    kl, dv = torch.cat(out).mean(0)
+    return float(kl), float(dv.sqrt())
 
 
 @torch.no_grad()
@@ -203,8 +208,11 @@ def main() -> None:
             p.grad = None
     for model in args.compare:
         other = load(model)
-        out.setdefault("shift", {})[model] = [step_shift(pipe, other, settings, traj, emb, cond, t) for t in range(T)]
-        print(f"shift {model}: " + " ".join(f"{v:.2e}" for v in out["shift"][model]), flush=True)
+        both = [step_shift(pipe, other, settings, traj, emb, cond, t) for t in range(T)]
+        out.setdefault("shift", {})[model] = [kl for kl, _ in both]
+        out.setdefault("velocity_change", {})[model] = [dv for _, dv in both]
+        print(f"shift {model}: " + " ".join(f"{kl:.2e}" for kl, _ in both), flush=True)
+        print(f"velocity change (RMS) {model}: " + " ".join(f"{dv:.3f}" for _, dv in both), flush=True)
     if args.redraws > 0:
         out["credit"] = credit(pipe, settings, items, args.redraws, args.seed)
         print("credit (cam_score std when one step's noise is re-drawn; last: x_T): "
