@@ -96,7 +96,7 @@ def cos(a, b) -> float:
 
 
 @torch.no_grad()
-def step_shift(pipe, other, settings, traj, emb, cond, t: int, chunk: int = 32) -> float:
+def step_shift(pipe, other, settings, traj, emb, cond, t: int, chunk: int = 32, with_scale: bool = False):
     out = []
     for lo in range(0, traj.latents.shape[0], chunk):
         r = slice(lo, lo + chunk)
@@ -108,9 +108,10 @@ def step_shift(pipe, other, settings, traj, emb, cond, t: int, chunk: int = 32) 
                         prev_sample=traj.latents[r, t + 1], cond_channels=cond[r])
         kl = ((a.mean - b.mean) ** 2 / (2 * a.std ** 2)).reshape(n, -1).mean(1)
         dv = ((a.model_output - b.model_output) ** 2).reshape(n, -1).mean(1)
-        out.append(torch.stack([kl, dv], 1))
-    kl, dv = torch.cat(out).mean(0)
-    return float(kl), float(dv.sqrt())
+        v2 = (a.model_output ** 2).reshape(n, -1).mean(1)
+        out.append(torch.stack([kl, dv, v2], 1))
+    kl, dv, v2 = torch.cat(out).mean(0)
+    return float(kl), float(dv.sqrt()) if not with_scale else (float(dv.sqrt()), float(v2.sqrt()))
 
 
 @torch.no_grad()
@@ -208,11 +209,13 @@ def main() -> None:
             p.grad = None
     for model in args.compare:
         other = load(model)
-        both = [step_shift(pipe, other, settings, traj, emb, cond, t) for t in range(T)]
+        both = [step_shift(pipe, other, settings, traj, emb, cond, t, with_scale=True) for t in range(T)]
         out.setdefault("shift", {})[model] = [kl for kl, _ in both]
-        out.setdefault("velocity_change", {})[model] = [dv for _, dv in both]
+        out.setdefault("velocity_change", {})[model] = [dv for _, (dv, _) in both]
+        out["velocity_rms"] = [v for _, (_, v) in both]
         print(f"shift {model}: " + " ".join(f"{kl:.2e}" for kl, _ in both), flush=True)
-        print(f"velocity change (RMS) {model}: " + " ".join(f"{dv:.3f}" for _, dv in both), flush=True)
+        print(f"velocity change (RMS) {model}: " + " ".join(f"{dv:.3f}" for _, (dv, _) in both), flush=True)
+        print("velocity RMS (start model): " + " ".join(f"{v:.3f}" for _, (_, v) in both), flush=True)
     if args.redraws > 0:
         out["credit"] = credit(pipe, settings, items, args.redraws, args.seed)
         print("credit (cam_score std when one step's noise is re-drawn; last: x_T): "
