@@ -44,7 +44,11 @@ FULL_TRAINABLE = ("attn1.", "cam_encoder.", "projector.")  # models.recam.RecamA
 
 
 def load(model_dir: str):
-    return load_pipeline(model_dir, resolution=SIZE, num_frames=FRAMES,
+    """A model folder with its recammaster.ckpt; a LoRA run's export (the merged recammaster.ckpt beside the adapter
+    weights, no pipeline folder) is read over the bundled model's folder."""
+    folder = model_dir if os.path.isfile(os.path.join(model_dir, "model_index.json")) else \
+        resolve_model_path("tiny-recam-video")
+    return load_pipeline(folder, resolution=SIZE, num_frames=FRAMES,
                          recam_checkpoint=os.path.join(model_dir, "recammaster.ckpt"))
 
 
