@@ -67,7 +67,9 @@ def main() -> None:
     print(f"start: cam_score {base.mean():.4f} accuracy {base_acc.mean():.3f} (n={base.size})", flush=True)
     for run in args.runs:
         export = os.path.join(run, "export")
-        s, a = scores(export, os.path.join(export, "recammaster.ckpt"), args.seeds)
+        # a LoRA run's export holds the merged recammaster.ckpt beside the adapter weights, without a pipeline folder
+        folder = export if os.path.isfile(os.path.join(export, "model_index.json")) else base_dir
+        s, a = scores(folder, os.path.join(export, "recammaster.ckpt"), args.seeds)
         d = s - base
         rows[os.path.basename(run.rstrip("/"))] = dict(mean=float(s.mean()), accuracy=float(a.mean()), n=int(s.size),
                                                        paired_diff=float(d.mean()),

@@ -106,6 +106,34 @@ def recam_video_tiny():
     return config
 
 
+def recam_video_tiny_grpo():
+    """recam_video_tiny (same model, conditions, 40 epochs x 128 samples, held-out eval) trained by the clipped-ratio
+    GRPO loss instead of NFT, in the shape issue 47's diagnosis asks for (docs/recam.md, 2026-11-27). Noise and
+    training on a window of the 4 noisiest steps only, the flow ODE after it as the eval samples: with noise on all 10
+    steps, steps 4-8 make 2/3 of a group's cam_score spread, and the last two carry 80 % of an all-steps gradient
+    while their noise decides ~1/4 of it. Ratios re-scored (exactly 1 on-policy). 4 optimizer steps per epoch, with
+    the lr adapted to a policy shift of 3e-6 per epoch (train.target_shift_kl): one epoch's gradient is at its noise
+    floor, Adam moves every weight by about the lr whatever the signal, and at these noisy steps a KL of 1e-4 is
+    already a 14 % change of the velocity the deterministic sampler integrates, at every step alike. A KL to the EMA
+    reference. Held-out cam_score: docs/recam.md (2026-11-27)."""
+    config = recam_video_tiny()
+    config.train.objective = "grpo"
+    config.train.nft_old_decay = 0.0  # NFT's soft update belongs to the NFT objective
+    config.train.forward_noise_min = 0.0
+    config.train.timestep_fraction = 1.0  # every step of the window
+    config.train.old_logprobs = "rescore"  # the ratio's old log-probs through the training calls: exactly 1 on-policy
+    config.sample.sde_window_size = 4  # steps 0-3 (std 0.69, 0.74, 0.54, 0.45) stochastic and trained, ODE after
+    config.sample.sde_window_mode = "fixed"
+    config.sample.sde_window_start = 0
+    config.train.timesteps_per_call = 4  # the window's 4 steps in one call (and in train/policy_shift_kl's rows)
+    config.train.gradient_accumulation_steps = 4  # 4 optimizer steps of 32 samples per epoch
+    config.train.learning_rate = 2e-5  # where the adaptive rule starts
+    config.train.target_shift_kl = 3e-6  # lr / 1.5 above 6e-6, x 1.5 below 1.5e-6 per epoch (3e-5: fell, docs)
+    config.train.clip_range = 1e-3  # never reached at this step size (clipfrac 0): the shift target is the trust region
+    config.train.beta = 0.004  # KL to the EMA reference (recam's: mix 0.9 every 8 optimizer steps)
+    return config
+
+
 def recam_image():
     """The 2-D image camera world (`tiny-recam`, a pixel UNet whose 9 input channels take the source view and the
     motion planes) at the seed report's geometry: the recipe `recam` had before ReCamMaster; kept because its
