@@ -1,23 +1,12 @@
 """benchmarks/recam_step_diag.py (issue 47's per-timestep diagnosis): its advantages are per-group standardised, and a
 model compared with itself has shifted nothing at any step."""
-import importlib.util
-import os
-
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _diag():
-    spec = importlib.util.spec_from_file_location("recam_step_diag", os.path.join(ROOT, "benchmarks", "recam_step_diag.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import recam_step_diag as d  # benchmarks/ is importable from the repository root (tests/conftest.py)
 
 
 def test_group_advantages_are_standardised_per_group():
-    d = _diag()
     r = np.array([0.1, 0.3, 0.2, 0.9, 0.5, 0.7])
     a = d.group_adv(r, 3).reshape(2, 3)
     assert np.allclose(a.mean(1), 0, atol=1e-9) and np.allclose(a.std(1), 1, atol=5e-3)
@@ -29,7 +18,6 @@ def test_a_model_compared_with_itself_has_no_shift_and_no_velocity_change():
     from ddpo_grpo.models import resolve_model_path
     from ddpo_grpo.worlds.recam.video_data import RecamVideoConditions
 
-    d = _diag()
     torch.manual_seed(0)
     pipe = d.load(resolve_model_path("tiny-recam-video"))
     settings = SamplerSettings(family="flow", noise_level=0.7, sde_type="sde")
