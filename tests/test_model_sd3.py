@@ -145,16 +145,15 @@ def test_speed_switches_reach_the_transformer(tiny):
 def test_sd3_config_validates_with_a_folder_and_says_what_is_wrong_in_one_line(tiny, tmp_path):
     """config/grpo.py:sd3 (a user's folder) passes validation with an SD3 folder; without one, at a size the folder
     cannot sample, or with a folder that lacks a component, it stops with one ConfigError line."""
-    import importlib.util
     import shutil
 
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.trainer.run.validate import validate_config
 
-    spec = importlib.util.spec_from_file_location("grpo_configs_sd3", os.path.join(ROOT, "config", "grpo.py"))
-    configs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(configs)
+    from helpers import grpo_configs
+
+    configs = grpo_configs()
     config = configs.get_config("sd3")
     assert config.pretrained.resolution == 512 and config.use_lora and config.gradient_checkpointing
     with pytest.raises(ConfigError, match=r"^pretrained.model: model path '' is not a folder"):

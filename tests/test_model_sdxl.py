@@ -155,15 +155,14 @@ def test_resolution_other_than_native(tiny_cache):
 
 def test_sdxl_config_validates_on_a_folder(tiny_cache):
     """The `sdxl` config (real settings) takes a user's folder; an unsupported resolution is one ConfigError."""
-    import importlib.util
 
     from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models import resolve_model_path
     from ddpo_grpo.trainer.run.validate import validate_config
 
-    spec = importlib.util.spec_from_file_location("grpo_configs", os.path.join(ROOT, "config", "grpo.py"))
-    configs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(configs)
+    from helpers import grpo_configs
+
+    configs = grpo_configs()
     config = configs.get_config("sdxl")
     assert (config.use_lora, config.lora_rank, config.mixed_precision, config.gradient_checkpointing) == \
         (True, 32, "bf16", True)

@@ -64,13 +64,9 @@ def test_ratio_is_one_with_timestep_stacking(family):
 
 def _bf16_clip_ranges():
     """train.clip_range of every named config that runs in bf16 (config/grpo.py)."""
-    import importlib.util
-    import os
+    from helpers import grpo_configs
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "grpo.py")
-    spec = importlib.util.spec_from_file_location("grpo_configs_for_bf16", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = grpo_configs()
     return {n: c.train.clip_range for n, f in mod.CONFIGS.items() for c in [f()] if c.mixed_precision == "bf16"}
 
 

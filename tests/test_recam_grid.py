@@ -74,15 +74,12 @@ def test_flow_grid_config_checks():
 
 
 def test_recam_config_is_recammasters_inference():
-    import importlib.util
-    import os
 
     from ddpo_grpo.models.wan import WAN_NEGATIVE_PROMPT
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "grpo.py")
-    spec = importlib.util.spec_from_file_location("grpo_cfg", path)
-    grpo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grpo)
+    from helpers import grpo_configs
+
+    grpo = grpo_configs()
     c = grpo.recam()
     assert (c.sample.flow_grid, c.sample.flow_shift, c.sample.guidance_scale) == ("recammaster", 5.0, 5.0)
     assert c.sample.negative_prompt == WAN_NEGATIVE_PROMPT == RECAMMASTER_NEGATIVE_PROMPT

@@ -107,11 +107,10 @@ def test_wrap_classes_exist_in_the_models(model):
 
 
 def _cfg(**train):
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("grpo_cfg_scale", os.path.join(ROOT, "config", "grpo.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from helpers import grpo_configs
+
+    mod = grpo_configs()
     cfg = mod.tiny()
     for k, v in train.items():
         setattr(cfg.train, k, v)
