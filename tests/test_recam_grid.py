@@ -74,7 +74,6 @@ def test_flow_grid_config_checks():
 
 
 def test_recam_config_is_recammasters_inference():
-
     from ddpo_grpo.models.wan import WAN_NEGATIVE_PROMPT
 
     from helpers import grpo_configs
