@@ -27,6 +27,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.resume_from = ""  # a checkpoint folder, or a run folder (its newest complete checkpoint)
     config.use_lora = False  # train LoRA adapters (peft) instead of the full denoiser
     config.lora_rank = 8
+    # Which modules train: name fragments, e.g. ("cam_encoder", "projector"). A full fine-tune trains the parameters
+    # whose names hold one; LoRA puts its adapters on the modules so named (peft's target_modules). Empty: the
+    # architecture's own set (ModelAdapter.full_trainable / lora_target_modules).
+    config.trainable_modules = ()
     # Denoiser speed switches (scripts/bench_gpu.py measures each; none changes the math beyond rounding):
     config.unet_attention = "sdpa"  # "sdpa" (torch's fused scaled_dot_product_attention) | "math" (plain matmuls)
     # Which SDPA kernels the run may use (core/attention.py; printed at start): "auto" = on CUDA flash, memory-efficient

@@ -148,3 +148,62 @@ def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
     assert n == 256 and n // c.sample.k == 32
     assert len(calls) == c.train.gradient_accumulation_steps * per_mb  # every call of the epoch in one step
     assert c.train.beta == 0.04 and c.train.reference_model_mixup_alpha == 1.0  # KL to the frozen start model
+
+
+def _trainable(**over):
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.run.build import make_trainable
+
+    pipe = load_pipeline("tiny-t2i")
+    cfg = ConfigDict(dict(use_lora=False, lora_rank=2, train=dict(
+        learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8)))
+    cfg.update(over.pop("cfg", {}))
+    opt = make_trainable(pipe.unet, cfg, **over)
+    return pipe.unet, opt
+
+
+def test_trainable_modules_train_exactly_the_named_parameters_and_a_name_that_matches_nothing_is_one_line():
+    """train.trainable_modules reaches make_trainable as the full fine-tune's fragments (build.build_context): the
+    optimizer holds exactly the parameters whose names hold a fragment; a fragment naming no parameter, or a LoRA target
+    naming no module, is a ConfigError naming them, not an optimizer over nothing or peft's trace."""
+    unet, opt = _trainable(full_trainable=("attn1.to_q",))
+    named = {n for n, p in unet.named_parameters() if p.requires_grad}
+    expected = {n for n, _ in unet.named_parameters() if "attn1.to_q" in n}
+    assert named == expected and 0 < len(expected) < len(list(unet.parameters()))
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(expected)
+    with pytest.raises(ConfigError, match="no_such_layer"):
+        _trainable(full_trainable=("no_such_layer",))
+    with pytest.raises(ConfigError, match="no_such_layer"):
+        _trainable(cfg=dict(use_lora=True), target_modules=("no_such_layer",))
+
+
+def test_the_config_s_trainable_modules_reach_the_run_s_optimizer(tmp_path):
+    """config.trainable_modules through build_context (the trainer's own build): the run's optimizer holds exactly the
+    named parameters; empty keeps the architecture's set (every parameter of the tiny UNet)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from ddpo_grpo.trainer.run.build import build_context
+
+    counts = {}
+    for chosen in ((), ("attn1.to_q",)):
+        config = _config("tiny")
+        config.logging.wandb = config.logging.tensorboard = False
+        config.trainable_modules = chosen
+        AcceleratorState._reset_state(reset_partial_state=True)
+        acc = Accelerator(cpu=True, mixed_precision="no")
+        ctx = build_context(config, acc, str(tmp_path / str(len(chosen))))
+        try:
+            named = list(acc.unwrap_model(ctx.unet).named_parameters())
+            trained = {n for n, p in named if p.requires_grad}
+            in_opt = {id(p) for g in ctx.optimizer.param_groups for p in g["params"]}
+            assert in_opt == {id(p) for n, p in named if p.requires_grad}
+            counts[chosen] = (len(trained), len(named))
+            if chosen:
+                assert trained == {n for n, _ in named if "attn1.to_q" in n}
+        finally:
+            ctx.rewards.executor.shutdown(wait=False)
+            AcceleratorState._reset_state(reset_partial_state=True)
+    assert counts[()][0] == counts[()][1] and 0 < counts[("attn1.to_q",)][0] < counts[()][0]

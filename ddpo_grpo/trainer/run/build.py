@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ddpo_grpo.errors import ConfigError
 from .data import KRepeatSampler, build_dataset
 from ..epoch.sampling import branch_spec, check_window, scheduler_note
 
@@ -138,9 +139,14 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trai
 
         from ddpo_grpo.models.base import TRAINABLE_DTYPE
 
-        inner_model(unet).add_adapter(LoraConfig(
-            r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
-            target_modules=list(target_modules or SD.lora_target_modules)))
+        targets = list(target_modules or SD.lora_target_modules)
+        try:
+            inner_model(unet).add_adapter(LoraConfig(
+                r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
+                target_modules=targets))
+        except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+            raise ConfigError(f"LoRA target modules {targets} match no module of the denoiser "
+                              f"({type(unet).__name__}): {str(e).splitlines()[0][:200]}") from None
         # peft makes the adapter in its base layer's dtype: a bf16 base (component_dtype under LoRA) would give bf16
         # adapters, whose small AdamW updates round away. The trainable parameters are float32 master weights.
         cast_training_params(unet, TRAINABLE_DTYPE)
@@ -150,6 +156,9 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trai
     else:
         unet.requires_grad_(True)
     t = config.train
+    if not any(p.requires_grad for p in unet.parameters()):
+        raise ConfigError(f"trainable_modules={tuple(full_trainable)!r} names no parameter of the denoiser "
+                          f"({type(unet).__name__}); give fragments of its parameter names")
     return torch.optim.AdamW([p for p in unet.parameters() if p.requires_grad], lr=t.learning_rate,
                              betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
 
@@ -197,7 +206,9 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
         park([pipe.vae] + pipe.text_encoders())
     unet = pipe.unet
     moving = time.perf_counter()
-    optimizer = make_trainable(unet, config, pipe.adapter.lora_target_modules, pipe.adapter.full_trainable)
+    chosen = tuple(config.get("trainable_modules", ()) or ())
+    optimizer = make_trainable(unet, config, chosen or pipe.adapter.lora_target_modules,
+                               chosen or pipe.adapter.full_trainable)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
     t = config.train
     # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and
