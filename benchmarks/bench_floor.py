@@ -272,6 +272,14 @@ def pretrained_eval(config) -> Dict:
     return {"metrics": metrics, "seconds": seconds}
 
 
+def faults() -> int:
+    """This process's minor page faults so far (a fault per page the kernel hands it anew: memory freed back to the
+    kernel and touched again)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def interleaved(config, rounds: int = 3) -> Dict:
     """Floor epochs and trainer epochs alternating in one process, so both see the same machine state; the best
     of `rounds` counts on each side (round 0 warms both up and is dropped). On a shared host the floor measured in
@@ -293,18 +301,21 @@ def interleaved(config, rounds: int = 3) -> Dict:
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)
         for r in range(rounds + 1):
+            f0 = faults()
             fl = floor(config, warmup=False)
-            floors.append({"sampling_s": fl["sampling_s"], "training_s": fl["training_s"]})
+            floors.append({"sampling_s": fl["sampling_s"], "training_s": fl["training_s"],
+                           "minor_faults": faults() - f0})
             ctx.stat_tracker.clear()
-            t0 = time.perf_counter()
+            f0, t0 = faults(), time.perf_counter()
             samples = sample_epoch(ctx, r)
             rewards = collect_rewards(samples.reward_futures, acc)  # waits for the rewards still running after sampling
-            t1 = time.perf_counter()
+            t1, f1 = time.perf_counter(), faults()
             adv = compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
             t2 = time.perf_counter()
             train_epoch(ctx, samples, adv, r)
-            trainer.append({"sampling_s": t1 - t0, "training_s": time.perf_counter() - t2})
+            trainer.append({"sampling_s": t1 - t0, "training_s": time.perf_counter() - t2,
+                            "sampling_minor_faults": f1 - f0, "minor_faults": faults() - f0})
         ctx.rewards.executor.shutdown(wait=False)
     best = lambda rows, k: min(x[k] for x in rows[1:] or rows)  # noqa: E731
     out = {"rounds": rounds, "floor_runs": floors, "trainer_runs": trainer}
