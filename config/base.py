@@ -116,6 +116,10 @@ def get_config() -> ml_collections.ConfigDict:
     # The k copies of a condition start from the same initial noise x_T (DanceGRPO); their rewards then differ
     # only through the policy's stochastic steps, which is what the advantages are credited to.
     config.sample.shared_init_noise = False
+    # Mirrored step noise (core.common.AntitheticNoise): in each sampling batch the copies of a condition are paired
+    # and draw +eps / -eps at every stochastic step, so the part of the reward even in the noise cancels in the
+    # group's gradient (evolution strategies' mirrored sampling). Needs shared_init_noise (a pair starts from one x_T).
+    config.sample.antithetic = False
     # Branched trajectories (core/branching.py): each tree shares x_T and a deterministic trunk, and every node splits
     # into `branches` stochastic children at each of `branch_steps` (schedule positions), deterministic elsewhere. The
     # children of a node are a GRPO group, each valued by the mean reward of its leaves: the advantage at a split is

@@ -34,6 +34,9 @@ from helpers import named_config as _config
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
     (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
     (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
+    (lambda c: setattr(c.sample, "antithetic", True), "needs sample.shared_init_noise=True"),
+    (lambda c: (setattr(c.sample, "antithetic", True), setattr(c.sample, "branch_steps", (0,)),
+                setattr(c.sample, "branches", 2)), "cannot be combined with sample.antithetic"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.trainer.run.validate import validate_config

@@ -155,3 +155,73 @@ def test_pred_x0_of_a_column_follows_that_steps_action(family, sde_type):
         before = decode(None, predicted_x0(family, sched, denoiser_output(unet, traj.latents[:, 0], t0, emb, None, 1.0),
                                            t0, torch.zeros(B, dtype=torch.long), traj.latents[:, 0]))
     assert (traj.pred_x0[:, 0] - before).abs().max() > 1e-3
+
+
+
+def test_mirrored_pairs_by_condition_in_order():
+    from ddpo_grpo.core.common import mirrored_pairs
+
+    assert mirrored_pairs([5, 5, 3, 5, 3, 5, 7]) == [(0, 1.0), (0, -1.0), (0, 1.0), (1, 1.0), (0, -1.0), (1, -1.0),
+                                                     (0, 1.0)]
+
+
+@pytest.mark.parametrize("family,sde_type", [("ddim", "sde"), ("flow", "sde"), ("flow", "cps")])
+def test_antithetic_pairs_draw_mirrored_noise_from_one_state_and_keep_their_log_probs(family, sde_type):
+    """Rows (0, 1) and (2, 3) mirrored, all four from one x_T and one prompt: after the first stochastic step a pair
+    sits symmetric about the step's mean (x_a + x_b equal for both pairs), with equal log-probs (the step Gaussian is
+    symmetric); the pairs differ from each other; row 0 alone in a batch of its own draws what it draws in the pair
+    (its noise is its own seed's, wherever it is sampled); and each row's stored log-prob is what re-scoring the
+    stored transition gives (the samples are the policy's own)."""
+    from ddpo_grpo.core.common import AntitheticNoise
+
+    unet = tiny_unet()
+    sched = ddim_scheduler() if family == "ddim" else flow_scheduler()
+    settings = SamplerSettings(family=family, eta=1.0, noise_level=0.7, sde_type=sde_type)
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(1, 5, 8, generator=g).expand(B, -1, -1).contiguous()
+    lat = torch.randn(1, 3, 8, 8, generator=g).expand(B, -1, -1, -1).contiguous()
+    run = lambda n, gen: pipeline_with_logprob(unet, sched, settings, emb[:n], None,  # noqa: E731
+                                              num_inference_steps=T, latents=lat[:n], generator=gen)
+    anti = run(B, AntitheticNoise([11, 11, 12, 12], [1, -1, 1, -1]))
+    alone = run(1, AntitheticNoise([11], [1]))
+    x1 = anti.latents[:, 1]
+    torch.testing.assert_close(x1[0] + x1[1], x1[2] + x1[3], atol=1e-5, rtol=0)
+    assert (x1[0] - x1[2]).abs().max() > 0.1
+    torch.testing.assert_close(anti.log_probs[0, 0], anti.log_probs[1, 0], atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(anti.latents[0], alone.latents[0], atol=1e-5, rtol=1e-5)
+    S = anti.log_probs.shape[1]  # stored (stochastic) steps
+    rows, cols = torch.arange(B).repeat_interleave(S), torch.arange(S).repeat(B)
+    rescored = _rescore(unet, sched, settings, emb, None, anti, rows, cols).reshape(B, S)
+    torch.testing.assert_close(rescored, anti.log_probs, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("processes,k", [(1, 8), (2, 4), (2, 3)])
+def test_every_copy_of_a_condition_is_paired_across_batches_and_processes(processes, k):
+    """sample.antithetic's noise sources over one epoch of KRepeatSampler's geometry (copies spread over batches and
+    processes): each condition's k copies make k // 2 pairs, each pair one seed with signs +1 and -1, the odd copy out
+    (odd k) alone with +1; seeds differ between pairs and conditions."""
+    from collections import defaultdict
+
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.trainer.epoch.sampling import mirrored_noise
+    from ddpo_grpo.trainer.run.data import KRepeatSampler
+
+    batch, batches = 4, 6
+    sampler = KRepeatSampler(dataset_size=64, batch_size=batch, num_batches=batches, num_processes=processes, k=k,
+                             seed=5)
+    rows = defaultdict(list)  # position -> [(seed, sign)]
+    for b in range(batches):
+        for q in range(processes):
+            src = mirrored_noise(ConfigDict(dict(seed=5)), sampler, 3, b, q, processes)
+            for pos, g, sign in zip(sampler.batch(3, b, q), src.generators, src.signs.tolist()):
+                rows[int(pos)].append((g.initial_seed(), sign))
+    assert sum(map(len, rows.values())) == batch * batches * processes and all(len(r) == k for r in rows.values())
+    seeds = set()
+    for r in rows.values():
+        by_seed = defaultdict(list)
+        for seed, sign in r:
+            by_seed[seed].append(sign)
+        assert sorted(map(sorted, by_seed.values())) == sorted([[-1.0, 1.0]] * (k // 2) + [[1.0]] * (k % 2))
+        assert not seeds & set(by_seed)
+        seeds |= set(by_seed)

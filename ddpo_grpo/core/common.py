@@ -95,6 +95,8 @@ def draw_noise(shape: Sequence[int], generator: GeneratorLike, device: torch.dev
     """
     from diffusers.utils.torch_utils import randn_tensor
 
+    if isinstance(generator, AntitheticNoise):
+        return generator.draw(shape, device)
     if isinstance(generator, list) and len(generator) not in (1, shape[0]):
         raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
     return randn_tensor(tuple(shape), generator=generator, device=device, dtype=torch.float32)
@@ -126,3 +128,43 @@ def check_positive_std(std: torch.Tensor, message: str) -> None:
     """Raise ValueError(message) if any per-sample std is zero (or not a positive finite number)."""
     if not bool(torch.all(torch.isfinite(std) & (std > 0))):
         raise ValueError(message)
+
+
+
+class AntitheticNoise:
+    """Step noise for a batch whose rows come in mirrored (antithetic) pairs: row r draws its noise from its own
+    generator, seeded by `seeds[r]`, times `signs[r]`; the two rows of a pair share a seed and have opposite signs, so
+    at every stochastic step one draws +eps and the other -eps, in whichever batches (or processes) they are sampled.
+    Each row's noise is still standard normal, so every sample is the policy's and its log-prob is the step
+    Gaussian's as before; only the pair is dependent. x_T is not drawn here: give the sampler its latents.
+
+    Why: a group's policy gradient is sum_i A_i grad log p(x_i), A_i the group-relative advantage. With pairs that
+    share x_T and draw +eps and -eps, the part of the reward that is even in eps (any perturbation costs quality,
+    whatever its direction) cancels within the pair, and the pair's term is the finite difference
+    (R(+eps) - R(-eps)) eps: evolution strategies' mirrored sampling. Pass it where a generator goes
+    (pipeline_with_logprob, the step functions)."""
+
+    def __init__(self, seeds: Sequence[int], signs: Sequence[float]):
+        if len(seeds) != len(signs):
+            raise ValueError(f"{len(seeds)} seeds for {len(signs)} signs")
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.signs = torch.tensor([float(x) for x in signs], dtype=torch.float32)
+
+    def draw(self, shape: Sequence[int], device) -> torch.Tensor:
+        """(B, ...) float32 noise, row r = signs[r] x a standard normal draw of its own generator."""
+        if shape[0] != len(self.generators):
+            raise ValueError(f"a batch of {shape[0]} rows for {len(self.generators)} mirrored-noise rows")
+        noise = torch.stack([torch.randn(tuple(shape[1:]), generator=g, dtype=torch.float32) for g in self.generators])
+        return (noise * self.signs.view(-1, *([1] * (noise.ndim - 1)))).to(device)
+
+
+def mirrored_pairs(keys: Sequence[int]) -> List[Tuple[int, float]]:
+    """For keys (a condition per row, in the epoch's order): each row's (pair index, sign). A key's copies pair in
+    order of appearance, first with second (+1, -1), third with fourth, ...; a key's odd copy out is (n, +1) alone."""
+    seen: Dict[int, int] = {}
+    out = []
+    for key in keys:
+        c = seen.get(int(key), 0)
+        seen[int(key)] = c + 1
+        out.append((c // 2, 1.0 if c % 2 == 0 else -1.0))
+    return out

@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpo_grpo.core.branching import BranchSpec
+from ddpo_grpo.core.common import AntitheticNoise, mirrored_pairs
 from ddpo_grpo.core.families import get_family
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
@@ -164,6 +165,7 @@ def branch_spec(config, family: str, scheduler=None) -> Optional[BranchSpec]:
         raise ConfigError(f"sample.batch_size={s.batch_size} cannot hold whole trees of {L} leaves; use a multiple of {L}")
     clash = [(s.sde_window_size, "sample.sde_window_size (the split steps are the stochastic ones)"),
              (s.shared_init_noise, "sample.shared_init_noise (the leaves of a tree share x_T; trees draw their own)"),
+             (s.get("antithetic", False), "sample.antithetic (a tree's siblings draw from one generator)"),
              (config.reward.per_step != "none", "reward.per_step (a child is valued by the mean final reward below it)"),
              (config.tracker.buffer_size, "tracker.buffer_size (sibling groups exist for one epoch)"),
              (config.tracker.std_mode == "running", "tracker.std_mode='running' (no per-group baseline)"),
@@ -186,6 +188,20 @@ def group_init_noise(config, epoch: int, keys: List[int], sample_shape) -> torch
             int(np.random.default_rng((config.seed, epoch, int(k), 17)).integers(2**62))))
         for k in keys
     ])
+
+
+def mirrored_noise(config, sampler, epoch: int, batch: int, process: int, num_processes: int) -> AntitheticNoise:
+    """The step-noise source of one sampling batch under sample.antithetic: the copies of a condition (a dataset
+    position) pair up in the epoch's order (batches, then processes, then rows), and the two of a pair draw from one
+    seed, a function of (seed, epoch, position, pair) only, with opposite signs; so a pair is mirrored wherever its
+    two rows are sampled (KRepeatSampler spreads a condition's k copies over batches and processes)."""
+    before = [p for b in range(batch) for q in range(num_processes) for p in sampler.batch(epoch, b, q)]
+    before += [p for q in range(process) for p in sampler.batch(epoch, batch, q)]
+    mine = [int(p) for p in sampler.batch(epoch, batch, process)]
+    pairs = mirrored_pairs(before + mine)[len(before):]
+    seeds = [int(np.random.default_rng((config.seed, epoch, pos, pair, 29)).integers(2**62))
+             for pos, (pair, _) in zip(mine, pairs)]
+    return AntitheticNoise(seeds, [sign for _, sign in pairs])
 
 
 def sampler_settings(config, family: str) -> SamplerSettings:
@@ -214,6 +230,8 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
             neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
             gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
             cond = ctx.cond_channels(items)
+            if config.sample.antithetic:  # a condition's copies draw mirrored step noise in pairs, across batches
+                gen = mirrored_noise(config, ctx.sampler, epoch, b, acc.process_index, acc.num_processes)
             latents = None
             if config.sample.shared_init_noise:
                 latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)

@@ -183,6 +183,9 @@ def validate_config(config, num_processes: int) -> str:
     check_old_logprobs_config(config)  # train.old_logprobs, train.sampler_is_cap
     train = build_dataset(config, "train")  # a missing or empty prompt file fails here
     tree = branch_spec(config, family, scheduler)  # a tree that cannot be sampled or trained is one line here
+    if s.antithetic and not s.shared_init_noise:
+        raise ConfigError("sample.antithetic=True needs sample.shared_init_noise=True: a mirrored pair must start "
+                          "from one x_T, or the pair's noise cancels nothing")
     KRepeatSampler(dataset_size=len(train), batch_size=s.batch_size, num_batches=s.num_batches_per_epoch,
                    num_processes=num_processes, k=s.k, seed=config.seed,
                    tree_size=tree.leaves if tree else 1)  # geometry, and enough distinct conditions
