@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ddpo_grpo.core.common import AntitheticNoise, mirrored_pairs  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import decode, pipeline_with_logprob  # noqa: E402
 from ddpo_grpo.core.policy_step import SamplerSettings, policy_step  # noqa: E402
 from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
@@ -59,15 +60,22 @@ def inputs(pipe, items):
 
 
 @torch.no_grad()
-def sample_epoch(pipe, settings, items, k: int, seed: int):
+def sample_epoch(pipe, settings, items, k: int, seed: int, window=None, antithetic: bool = False):
     """k copies of each item from one shared x_T; returns trajectories' latents (N, T+1, ...), rewards (N,),
-    stds (T,), emb, cond, the per-item index of each row."""
+    stds (T,), emb, cond, the per-item index of each row. window: (start, size) of the SDE window (ODE elsewhere);
+    antithetic: copies 2j and 2j + 1 of an item draw mirrored step noise (the trainer's sample.antithetic)."""
     rows = [it for it in items for _ in range(k)]
     emb, cond = inputs(pipe, rows)
     g = torch.Generator().manual_seed(seed)
     x_T = torch.randn((len(items), *pipe.sample_shape), generator=g).repeat_interleave(k, dim=0)
+    noise = g
+    if antithetic:
+        keys = [i for i in range(len(items)) for _ in range(k)]
+        pairs = mirrored_pairs(keys)
+        noise = AntitheticNoise([int(np.random.default_rng((seed, key, pair, 29)).integers(2**62))
+                                 for key, (pair, _) in zip(keys, pairs)], [sign for _, sign in pairs])
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, settings, emb, None, num_inference_steps=STEPS,
-                                 latents=x_T, generator=g, vae=pipe.vae, cond_channels=cond)
+                                 latents=x_T, generator=noise, vae=pipe.vae, cond_channels=cond, sde_window=window)
     reward = make_cam_score()
     s, _ = reward(traj.images, [it["prompt"] for it in rows], [dict(it) for it in rows])
     return traj, np.asarray(s, dtype=np.float64), emb, cond
@@ -158,6 +166,40 @@ def credit(pipe, settings, items, redraws: int, seed: int):
     return (spread / len(items)).tolist()
 
 
+def snr(pipe, settings, data, args) -> dict:
+    """How much of one epoch's window gradient is signal: for each of --snr E independent epochs (new conditions,
+    x_T and noise each) the policy gradient summed over the window's steps at ratio 1 (plain and, on the same
+    conditions and x_T, with mirrored noise); the mean cosine between the gradients of two different epochs estimates
+    |signal|^2 / (|signal|^2 + |noise|^2) of one epoch (their signals are the same direction, their noises
+    independent). Also |g| and its noise floor (advantages permuted inside groups)."""
+    for n, p in pipe.unet.named_parameters():
+        p.requires_grad_(any(f in n for f in FULL_TRAINABLE))
+    params = [p for p in pipe.unet.parameters() if p.requires_grad]
+    window = (0, args.window)
+    out = {}
+    for mode in ("plain", "antithetic"):
+        grads, norms, perms = [], [], []
+        for e in range(args.snr):
+            rng = np.random.default_rng((args.seed, e))
+            items = [data[int(i)] for i in rng.choice(len(data), args.conditions, replace=False)]
+            traj, r, emb, cond = sample_epoch(pipe, settings, items, args.k, 1000 + e, window, mode == "antithetic")
+            adv = group_adv(r, args.k)
+            pa = np.concatenate([rng.permutation(grp) for grp in adv.reshape(-1, args.k)])
+            g = sum(step_grad(pipe, settings, traj, emb, cond, adv, t, params) for t in range(traj.log_probs.shape[1]))
+            gp = sum(step_grad(pipe, settings, traj, emb, cond, pa, t, params) for t in range(traj.log_probs.shape[1]))
+            grads.append(g)
+            norms.append(float(g.norm()))
+            perms.append(float(gp.norm()))
+            print(f"{mode} epoch {e}: reward {r.mean():.4f} within-group std {r.reshape(-1, args.k).std(1).mean():.4f} "
+                  f"|g| {norms[-1]:.3e} permuted {perms[-1]:.3e}", flush=True)
+        pair_cos = [cos(grads[i], grads[j]) for i in range(len(grads)) for j in range(i + 1, len(grads))]
+        out[mode] = {"grad": norms, "perm": perms, "pair_cos": pair_cos, "mean_pair_cos": float(np.mean(pair_cos)),
+                     "sem_pair_cos": float(np.std(pair_cos) / np.sqrt(len(pair_cos)))}
+        print(f"{mode}: mean cosine between epochs' gradients {np.mean(pair_cos):+.4f} "
+              f"(+- {out[mode]['sem_pair_cos']:.4f}), |g| / permuted {np.mean(norms) / np.mean(perms):.3f}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conditions", type=int, default=8)
@@ -167,6 +209,9 @@ def main() -> None:
     ap.add_argument("--redraws", type=int, default=0, help="> 0: the per-step credit table (costly)")
     ap.add_argument("--compare", nargs="*", default=[], help="model folders (a run's export/) for the per-step shift")
     ap.add_argument("--no-grad", action="store_true", help="skip the gradient table")
+    ap.add_argument("--snr", type=int, default=0, help="> 1: only the window gradient's signal share over this many "
+                    "independent epochs, plain against mirrored noise (sample.antithetic)")
+    ap.add_argument("--window", type=int, default=4, help="--snr: SDE window of the first W steps (ODE after)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -174,6 +219,13 @@ def main() -> None:
     pipe = load(resolve_model_path("tiny-recam-video"))
     settings = SamplerSettings(family="flow", noise_level=args.noise_level, sde_type="sde")
     data = RecamVideoConditions("train", num_frames=FRAMES, size=SIZE)
+    if args.snr > 1:
+        out = {"conditions": args.conditions, "k": args.k, "window": args.window, "noise_level": args.noise_level,
+               **snr(pipe, settings, data, args)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     rng = np.random.default_rng(args.seed)
     items = [data[int(i)] for i in rng.choice(len(data), args.conditions, replace=False)]
     traj, r, emb, cond = sample_epoch(pipe, settings, items, args.k, args.seed)

@@ -27,3 +27,20 @@ def test_a_model_compared_with_itself_has_no_shift_and_no_velocity_change():
     for t in (0, d.STEPS - 1):
         kl, dv = d.step_shift(pipe, pipe, settings, traj, emb, cond, t)
         assert kl == 0.0 and dv == 0.0
+
+
+def test_snr_sampling_mirrors_pairs_inside_the_window_only():
+    """--snr's epochs: with window (0, 4) only the window's 4 steps are stored, and with mirrored noise copies (0, 1)
+    and (2, 3) of an item sit symmetric about one step-0 mean (x_a + x_b equal for both pairs) while the pairs differ."""
+    from ddpo_grpo.core.policy_step import SamplerSettings
+    from ddpo_grpo.models import resolve_model_path
+    from ddpo_grpo.worlds.recam.video_data import RecamVideoConditions
+
+    pipe = d.load(resolve_model_path("tiny-recam-video"))
+    settings = SamplerSettings(family="flow", noise_level=0.7, sde_type="sde")
+    items = [RecamVideoConditions("train", num_frames=d.FRAMES, size=d.SIZE)[0]]
+    traj, r, _, _ = d.sample_epoch(pipe, settings, items, 4, 0, window=(0, 4), antithetic=True)
+    assert traj.log_probs.shape == (4, 4) and r.shape == (4,)
+    x1 = traj.latents[:, 1]
+    torch.testing.assert_close(x1[0] + x1[1], x1[2] + x1[3], atol=1e-5, rtol=0)
+    assert (x1[0] - x1[2]).abs().max() > 0.1
