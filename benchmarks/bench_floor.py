@@ -316,7 +316,8 @@ def interleaved(config, rounds: int = 3) -> Dict:
             train_epoch(ctx, samples, adv, r)
             trainer.append({"sampling_s": t1 - t0, "training_s": time.perf_counter() - t2,
                             "sampling_minor_faults": f1 - f0, "minor_faults": faults() - f0})
-        ctx.rewards.executor.shutdown(wait=False)
+        if ctx.rewards.executor is not None:
+            ctx.rewards.executor.shutdown(wait=False)
     best = lambda rows, k: min(x[k] for x in rows[1:] or rows)  # noqa: E731
     out = {"rounds": rounds, "floor_runs": floors, "trainer_runs": trainer}
     for k in ("sampling_s", "training_s"):

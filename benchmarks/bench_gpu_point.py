@@ -107,7 +107,8 @@ def trainer_epoch(config, device: str) -> dict:
         out["train_rows"] = int(steps) * (2 if cfg and t.cfg else 1)
         out["train_sample_steps"] = int(steps)
         out["reference_rows"] = out["train_rows"] if t.beta > 0 else 0
-        ctx.rewards.executor.shutdown(wait=False)
+        if ctx.rewards.executor is not None:
+            ctx.rewards.executor.shutdown(wait=False)
     del ctx, acc
     return out
 

@@ -233,7 +233,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.reward.fns = {"toyworld": 1.0}  # name -> weight; combined into `avg`
     config.reward.kwargs = {}  # name -> dict of factory kwargs
     config.reward.per_step = "none"  # "none" (B,) | "broadcast" | "x0" | "x0_gain" (B, T)
-    config.reward.num_threads = 2  # reward computation overlaps sampling in a thread pool
+    config.reward.num_threads = 2  # reward computation overlaps sampling in a thread pool; 0 = in the sampling thread
     # Held-out gold reward(s) (trainer/checks/hacking.py, docs/hacking.md): name -> weight, from the same registry as fns;
     # scored on every eval and on gold_train_samples of each epoch's samples (per process), logged as gold/*, never
     # trained on. {} = none.

@@ -35,6 +35,7 @@ from helpers import named_config as _config
     (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
     (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
     (lambda c: setattr(c.sample, "antithetic", True), "needs sample.shared_init_noise=True"),
+    (lambda c: setattr(c.reward, "num_threads", -1), "reward.num_threads=-1"),
     (lambda c: (setattr(c.sample, "antithetic", True), setattr(c.sample, "branch_steps", (0,)),
                 setattr(c.sample, "branches", 2)), "cannot be combined with sample.antithetic"),
 ])
@@ -210,3 +211,30 @@ def test_the_config_s_trainable_modules_reach_the_run_s_optimizer(tmp_path):
             ctx.rewards.executor.shutdown(wait=False)
             AcceleratorState._reset_state(reset_partial_state=True)
     assert counts[()][0] == counts[()][1] and 0 < counts[("attn1.to_q",)][0] < counts[()][0]
+
+
+def test_rewards_in_the_sampling_thread_with_num_threads_0(tmp_path):
+    """reward.num_threads = 0: no pool; every batch's reward is computed when it is submitted (its Future is done
+    before the next batch samples), and the epoch's rewards are all there."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from ddpo_grpo.rewards import collect_rewards
+    from ddpo_grpo.trainer.epoch.sampling import sample_epoch
+    from ddpo_grpo.trainer.run.build import build_context
+
+    config = _config("tiny")
+    config.logging.wandb = config.logging.tensorboard = False
+    config.reward.num_threads = 0
+    config.sample.num_batches_per_epoch = 2
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = Accelerator(cpu=True, mixed_precision="no")
+    ctx = build_context(config, acc, str(tmp_path))
+    try:
+        assert ctx.rewards.executor is None
+        samples = sample_epoch(ctx, 0)
+        assert len(samples.reward_futures) == 2 and all(f.done() for f in samples.reward_futures)
+        rewards = collect_rewards(samples.reward_futures, acc)
+        assert rewards.avg.shape[0] == 2 * config.sample.batch_size
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -228,7 +228,8 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     move_s = time.perf_counter() - moving
     tc = config.tracker
     stat_tracker = PerPromptStatTracker(std_mode=tc.std_mode, buffer_size=tc.buffer_size or None, min_count=tc.min_count)
-    executor = ThreadPoolExecutor(max(1, config.reward.num_threads))
+    # reward.num_threads = 0: no pool, each batch's reward runs in the sampling thread as it is submitted
+    executor = ThreadPoolExecutor(config.reward.num_threads) if config.reward.num_threads > 0 else None
     rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
                              executor=executor)
     train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")

@@ -154,6 +154,8 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"reward.per_step={config.reward.per_step!r}; choose one of {PER_STEP_MODES}")
     from ddpo_grpo.models import COMPILE_MODES, UNET_ATTENTION
 
+    if config.reward.num_threads < 0:
+        raise ConfigError(f"reward.num_threads={config.reward.num_threads}: give 0 (rewards in the sampling thread) or more")
     if config.unet_attention not in UNET_ATTENTION:
         raise ConfigError(f"unet_attention={config.unet_attention!r}; choose one of {UNET_ATTENTION}")
     from ddpo_grpo.core.attention import check_attention_backend
