@@ -198,7 +198,7 @@ def test_the_config_s_trainable_modules_reach_the_run_s_optimizer(tmp_path):
         config.trainable_modules = chosen
         AcceleratorState._reset_state(reset_partial_state=True)
         acc = Accelerator(cpu=True, mixed_precision="no")
-        ctx = build_context(config, acc, str(tmp_path / str(len(chosen))))
+        ctx = build_context(config, acc, str(tmp_path / f"run{len(counts)}"))
         try:
             named = list(acc.unwrap_model(ctx.unet).named_parameters())
             trained = {n for n, p in named if p.requires_grad}

@@ -130,7 +130,6 @@ def check_positive_std(std: torch.Tensor, message: str) -> None:
         raise ValueError(message)
 
 
-
 class AntitheticNoise:
     """Step noise for a batch whose rows come in mirrored (antithetic) pairs: row r draws its noise from its own
     generator, seeded by `seeds[r]`, times `signs[r]`; the two rows of a pair share a seed and have opposite signs, so

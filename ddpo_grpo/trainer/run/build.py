@@ -206,7 +206,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
         park([pipe.vae] + pipe.text_encoders())
     unet = pipe.unet
     moving = time.perf_counter()
-    chosen = tuple(config.get("trainable_modules", ()) or ())
+    chosen = tuple(config.get("trainable_modules", ()) or ())  # ml_collections keeps it a tuple (a str is refused)
     optimizer = make_trainable(unet, config, chosen or pipe.adapter.lora_target_modules,
                                chosen or pipe.adapter.full_trainable)
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
