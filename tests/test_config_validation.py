@@ -238,3 +238,21 @@ def test_rewards_in_the_sampling_thread_with_num_threads_0(tmp_path):
         assert rewards.avg.shape[0] == 2 * config.sample.batch_size
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_the_memory_plan_counts_what_trainable_modules_trains():
+    """The plan's trainable parameters (checks.meta_counts, through build.trainable_modules like the run's build): a
+    full fine-tune of ("attn1.to_q",) counts exactly those weights of the tiny UNet; LoRA on them counts rank x
+    (in + out) per to_q layer, fewer than on the architecture's own targets."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.checks.meta_counts import count_model
+
+    config = _config("tiny")
+    unet = load_pipeline(config.pretrained.model).unet
+    to_q = [m for n, m in unet.named_modules() if n.endswith("attn1.to_q")]
+    default = count_model(config, only_configured=False)
+    config.trainable_modules = ("attn1.to_q",)
+    chosen = count_model(config, only_configured=False)
+    assert default.full_trainable == sum(p.numel() for p in unet.parameters())
+    assert chosen.full_trainable == sum(p.numel() for m in to_q for p in m.parameters())
+    assert chosen.lora == sum(config.lora_rank * (m.in_features + m.out_features) for m in to_q) < default.lora

@@ -277,13 +277,13 @@ def _numel(module) -> int:
 
 def lora_count(pipe, config) -> int:
     """LoRA parameters make_trainable adds at the config's rank (on the meta denoiser, which it changes)."""
-    from ..run.build import make_trainable
+    from ..run.build import make_trainable, trainable_modules
 
     denoiser = inner_model(pipe.unet)
     before = _numel(denoiser)
     lora_config = config.copy_and_resolve_references()
     lora_config.use_lora = True
-    make_trainable(pipe.unet, lora_config, pipe.adapter.lora_target_modules)
+    make_trainable(pipe.unet, lora_config, trainable_modules(config, pipe.adapter)[0])
     return _numel(denoiser) - before
 
 
@@ -338,7 +338,9 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
         pipe.adapter.configure(pipe, config)
     denoiser = inner_model(pipe.unet)
     n_denoiser = _numel(denoiser)
-    frags = pipe.adapter.full_trainable
+    from ..run.build import trainable_modules
+
+    frags = trainable_modules(config, pipe.adapter)[1]
     full = sum(p.numel() for name, p in denoiser.named_parameters() if not frags or any(f in name for f in frags))
     encoders = {k: _numel(v) for k, v in sorted(pipe.components.items()) if k.startswith("text_encoder")
                 and isinstance(v, torch.nn.Module)}

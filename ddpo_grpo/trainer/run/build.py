@@ -124,6 +124,14 @@ def lr_factor(schedule: str, warmup_steps: int, num_epochs: int, state: RunState
     return factor
 
 
+def trainable_modules(config, adapter) -> tuple:
+    """(LoRA target modules, full fine-tune name fragments) a run trains: config.trainable_modules where given (for
+    both), else the architecture's own (adapter.lora_target_modules, adapter.full_trainable). The run's build and the
+    memory plan's counts both read it here."""
+    chosen = tuple(config.get("trainable_modules", ()) or ())  # ml_collections keeps it a tuple (a str is refused)
+    return chosen or adapter.lora_target_modules, chosen or adapter.full_trainable
+
+
 def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trainable=()) -> torch.optim.Optimizer:
     """LoRA adapters (peft, on the architecture's target_modules: ModelAdapter.lora_target_modules) or the full
     denoiser made trainable (only the parameters whose names hold one of `full_trainable`'s fragments where it is
@@ -206,9 +214,7 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
         park([pipe.vae] + pipe.text_encoders())
     unet = pipe.unet
     moving = time.perf_counter()
-    chosen = tuple(config.get("trainable_modules", ()) or ())  # ml_collections keeps it a tuple (a str is refused)
-    optimizer = make_trainable(unet, config, chosen or pipe.adapter.lora_target_modules,
-                               chosen or pipe.adapter.full_trainable)
+    optimizer = make_trainable(unet, config, *trainable_modules(config, pipe.adapter))
     apply_unet_options(unet, config)  # after the adapters, so that they are compiled / checkpointed too
     t = config.train
     # Linear warmup: Adam's first steps are full-size sign steps (its second-moment estimate is young), and
