@@ -211,9 +211,9 @@ def test_every_copy_of_a_condition_is_paired_across_batches_and_processes(proces
     sampler = KRepeatSampler(dataset_size=64, batch_size=batch, num_batches=batches, num_processes=processes, k=k,
                              seed=5)
     rows = defaultdict(list)  # position -> [(seed, sign)]
-    for b in range(batches):
-        for q in range(processes):
-            src = mirrored_noise(ConfigDict(dict(seed=5)), sampler, 3, b, q, processes)
+    config = ConfigDict(dict(seed=5, sample=dict(num_batches_per_epoch=batches)))
+    for q in range(processes):
+        for b, src in enumerate(mirrored_noise(config, sampler, 3, q, processes)):
             for pos, g, sign in zip(sampler.batch(3, b, q), src.generators, src.signs.tolist()):
                 rows[int(pos)].append((g.initial_seed(), sign))
     assert sum(map(len, rows.values())) == batch * batches * processes and all(len(r) == k for r in rows.values())

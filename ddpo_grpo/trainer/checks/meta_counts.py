@@ -20,6 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpo_grpo.models.base import inner_model
 
+from ..run.build import make_trainable, trainable_modules
+
 
 @dataclass
 class ModelCounts:
@@ -277,8 +279,6 @@ def _numel(module) -> int:
 
 def lora_count(pipe, config) -> int:
     """LoRA parameters make_trainable adds at the config's rank (on the meta denoiser, which it changes)."""
-    from ..run.build import make_trainable, trainable_modules
-
     denoiser = inner_model(pipe.unet)
     before = _numel(denoiser)
     lora_config = config.copy_and_resolve_references()
@@ -338,8 +338,6 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
         pipe.adapter.configure(pipe, config)
     denoiser = inner_model(pipe.unet)
     n_denoiser = _numel(denoiser)
-    from ..run.build import trainable_modules
-
     frags = trainable_modules(config, pipe.adapter)[1]
     full = sum(p.numel() for name, p in denoiser.named_parameters() if not frags or any(f in name for f in frags))
     encoders = {k: _numel(v) for k, v in sorted(pipe.components.items()) if k.startswith("text_encoder")

@@ -190,18 +190,22 @@ def group_init_noise(config, epoch: int, keys: List[int], sample_shape) -> torch
     ])
 
 
-def mirrored_noise(config, sampler, epoch: int, batch: int, process: int, num_processes: int) -> AntitheticNoise:
-    """The step-noise source of one sampling batch under sample.antithetic: the copies of a condition (a dataset
-    position) pair up in the epoch's order (batches, then processes, then rows), and the two of a pair draw from one
-    seed, a function of (seed, epoch, position, pair) only, with opposite signs; so a pair is mirrored wherever its
-    two rows are sampled (KRepeatSampler spreads a condition's k copies over batches and processes)."""
-    before = [p for b in range(batch) for q in range(num_processes) for p in sampler.batch(epoch, b, q)]
-    before += [p for q in range(process) for p in sampler.batch(epoch, batch, q)]
-    mine = [int(p) for p in sampler.batch(epoch, batch, process)]
-    pairs = mirrored_pairs(before + mine)[len(before):]
-    seeds = [int(np.random.default_rng((config.seed, epoch, pos, pair, 29)).integers(2**62))
-             for pos, (pair, _) in zip(mine, pairs)]
-    return AntitheticNoise(seeds, [sign for _, sign in pairs])
+def mirrored_noise(config, sampler, epoch: int, process: int, num_processes: int) -> List[AntitheticNoise]:
+    """The step-noise source of each of this process's sampling batches of `epoch` under sample.antithetic: the
+    copies of a condition (a dataset position) pair up in the epoch's order (batches, then processes, then rows), and
+    the two of a pair draw from one seed, a function of (seed, epoch, position, pair) only, with opposite signs; so a
+    pair is mirrored wherever its two rows are sampled (KRepeatSampler spreads a condition's k copies over batches and
+    processes). The epoch's pairing is made once, not per batch."""
+    order = [(b, q, int(p)) for b in range(config.sample.num_batches_per_epoch) for q in range(num_processes)
+             for p in sampler.batch(epoch, b, q)]
+    sources: Dict[int, tuple] = {}
+    for (b, q, pos), (pair, sign) in zip(order, mirrored_pairs([pos for _, _, pos in order])):
+        if q == process:
+            seed = int(np.random.default_rng((config.seed, epoch, pos, pair, 29)).integers(2**62))
+            seeds, signs = sources.setdefault(b, ([], []))
+            seeds.append(seed)
+            signs.append(sign)
+    return [AntitheticNoise(*sources[b]) for b in range(config.sample.num_batches_per_epoch)]
 
 
 def sampler_settings(config, family: str) -> SamplerSettings:
@@ -220,6 +224,8 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
     tree = ctx.tree
     per_step = config.reward.per_step
     parts, futures = [], []
+    mirrored = (mirrored_noise(config, ctx.sampler, epoch, acc.process_index, acc.num_processes)
+                if config.sample.antithetic else None)  # a condition's copies: mirrored step noise in pairs
     with ctx.sampling_policy():  # nft's soft-updated theta_old (swapped in once), else the policy itself
         for b in tqdm(range(config.sample.num_batches_per_epoch), desc=f"epoch {epoch}: sampling",
                       disable=not acc.is_local_main_process, leave=False):
@@ -230,8 +236,8 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
             neg = ctx.neg_embed.expand(len(items), -1, -1) if settings.guidance_scale != 1.0 else None
             gen = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, acc.process_index, b)).integers(2**62)))
             cond = ctx.cond_channels(items)
-            if config.sample.antithetic:  # a condition's copies draw mirrored step noise in pairs, across batches
-                gen = mirrored_noise(config, ctx.sampler, epoch, b, acc.process_index, acc.num_processes)
+            if mirrored is not None:
+                gen = mirrored[b]
             latents = None
             if config.sample.shared_init_noise:
                 latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)
