@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import statistics
 import time
 from contextlib import nullcontext
 from typing import Dict, Optional
@@ -162,22 +163,23 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
     _sync(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    sampling_runs, training_runs = [], []
+    sampling_runs, training_runs, cpu_runs = [], [], []
     for _ in range(max(1, repeats)):
         # (a) sampling
         unet.eval()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(nb):
             sample_batch()
         _sync(device)
         sampling_runs.append(time.perf_counter() - t0)
+        sampling_cpu = time.process_time() - c0
         rss_after_sampling = proc_status_mb("VmHWM")
 
         # (b) training, on the trainer's call plan
         unet.train()
         n_calls = n_rows_total = n_steps = 0
         max_call_rows = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for inner in range(int(t.num_inner_epochs)):
             calls, per_mb = training_calls(N, T_store, config, 1, inner, 0, columns=columns)
             group = int(t.gradient_accumulation_steps) * per_mb
@@ -194,6 +196,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
                 n_steps += 1
         _sync(device)
         training_runs.append(time.perf_counter() - t0)
+        cpu_runs.append(sampling_cpu + time.process_time() - c0)
     sampling_s, training_s = min(sampling_runs), min(training_runs)  # a floor: the best of the repeats
     rss_peak = proc_status_mb("VmHWM")
     cuda_peak = torch.cuda.max_memory_allocated() / MB if device == "cuda" else None
@@ -213,6 +216,7 @@ def floor(config, warmup: bool = True, repeats: int = 1, device: str = "cpu") ->
         "timesteps_per_call": int(t.timesteps_per_call), "train_batch_size": int(t.batch_size),
         "sampling_s": sampling_s, "training_s": training_s, "total_s": sampling_s + training_s,
         "sampling_s_runs": sampling_runs, "training_s_runs": training_runs,
+        "cpu_s": min(cpu_runs),  # CPU seconds of the process (all threads) in the two loops, best repeat
         "sampling_forwards": nb * T, "sampling_rows_per_forward": rows_sample,
         "train_calls": n_calls, "train_sample_timesteps": n_rows_total, "train_max_rows_per_call": max_call_rows,
         "optimizer_steps": n_steps, "reference_forwards": n_calls if t.beta > 0 else 0,
@@ -304,18 +308,19 @@ def interleaved(config, rounds: int = 3) -> Dict:
             f0 = faults()
             fl = floor(config, warmup=False)
             floors.append({"sampling_s": fl["sampling_s"], "training_s": fl["training_s"],
-                           "minor_faults": faults() - f0})
+                           "minor_faults": faults() - f0, "cpu_s": fl["cpu_s"]})
             ctx.stat_tracker.clear()
-            f0, t0 = faults(), time.perf_counter()
+            f0, t0, c0 = faults(), time.perf_counter(), time.process_time()
             samples = sample_epoch(ctx, r)
             rewards = collect_rewards(samples.reward_futures, acc)  # waits for the rewards still running after sampling
-            t1, f1 = time.perf_counter(), faults()
+            t1, f1, c1 = time.perf_counter(), faults(), time.process_time()
             adv = compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
                                      torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             train_epoch(ctx, samples, adv, r)
             trainer.append({"sampling_s": t1 - t0, "training_s": time.perf_counter() - t2,
-                            "sampling_minor_faults": f1 - f0, "minor_faults": faults() - f0})
+                            "sampling_minor_faults": f1 - f0, "minor_faults": faults() - f0,
+                            "cpu_s": (c1 - c0) + (time.process_time() - c2)})
         if ctx.rewards.executor is not None:
             ctx.rewards.executor.shutdown(wait=False)
     best = lambda rows, k: min(x[k] for x in rows[1:] or rows)  # noqa: E731
@@ -325,6 +330,16 @@ def interleaved(config, rounds: int = 3) -> Dict:
         out[f"overhead_{k[:-2]}"] = out[f"trainer_{k}"] / out[f"floor_{k}"]
     out["overhead"] = ((out["trainer_sampling_s"] + out["trainer_training_s"])
                        / (out["floor_sampling_s"] + out["floor_training_s"]))
+    # Each round's trainer epoch over the floor epoch just before it: a slow spell of a shared host lands on both
+    # sides of a pair, where the best-of-rounds ratio above compares two different moments. The median over rounds.
+    wall = lambda r: r["sampling_s"] + r["training_s"]  # noqa: E731
+    timed = list(zip(floors, trainer))[1:] or list(zip(floors, trainer))
+    out["overhead_per_round"] = [wall(t) / wall(f) for f, t in timed]
+    out["overhead_paired_median"] = statistics.median(out["overhead_per_round"])
+    # CPU seconds of the whole process (all threads) in the timed phases: time the host took from this process
+    # (steal time, another tenant) does not count, though a slower cache or memory bus still does.
+    out["overhead_cpu_per_round"] = [t["cpu_s"] / f["cpu_s"] for f, t in timed]
+    out["overhead_cpu_median"] = statistics.median(out["overhead_cpu_per_round"])
     return out
 
 

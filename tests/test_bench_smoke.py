@@ -67,6 +67,14 @@ def test_interleaved_floor_and_trainer_in_one_process(tmp_path):
     assert abs(res["overhead_training"] - res["trainer_training_s"] / res["floor_training_s"]) < 1e-12
     total = lambda side: res[f"{side}_sampling_s"] + res[f"{side}_training_s"]  # noqa: E731
     assert abs(res["overhead"] - total("trainer") / total("floor")) < 1e-12
+    # per-round pairs (warm-up dropped): each trainer epoch against the floor epoch before it, and the median
+    wall = lambda r: r["sampling_s"] + r["training_s"]  # noqa: E731
+    pairs = list(zip(res["floor_runs"], res["trainer_runs"]))[1:]
+    assert res["overhead_per_round"] == pytest.approx([wall(t) / wall(f) for f, t in pairs], rel=1e-12)
+    assert res["overhead_paired_median"] == pytest.approx(sorted(res["overhead_per_round"])[0] / 2
+                                                          + sorted(res["overhead_per_round"])[1] / 2, rel=1e-12)
+    assert all(r["cpu_s"] > 0 for r in res["floor_runs"] + res["trainer_runs"])
+    assert res["overhead_cpu_per_round"] == pytest.approx([t["cpu_s"] / f["cpu_s"] for f, t in pairs], rel=1e-12)
 
 
 def test_efficacy_jobs_label_runs_by_config_and_seed():
