@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ddpo_grpo.trainer.checks import memory_plan as mp
-from ddpo_grpo.trainer.checks.meta_counts import SavedBytes, activation_bytes, count_model
+from ddpo_grpo.trainer.checks.byte_meters import SavedBytes, activation_bytes
+from ddpo_grpo.trainer.checks.meta_counts import count_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "config"))
@@ -374,7 +375,7 @@ def test_autocast_emulation_saves_what_autocast_saves_by_hand():
     """conv -> group_norm -> silu -> conv on meta under emulated bf16 autocast: the first conv saves its input cast
     to bf16 (2 B/elt), group_norm an fp32 copy of the bf16 conv output (4) plus its fp32 mean/rstd, silu its fp32 input
     (4), the second conv its input cast back to bf16 (2). fp32: conv input, gn input, silu input, conv input (4 each)."""
-    from ddpo_grpo.trainer.checks.meta_counts import activation_bytes
+    from ddpo_grpo.trainer.checks.byte_meters import activation_bytes
 
     class Net(torch.nn.Module):
         def __init__(self):
