@@ -1,11 +1,14 @@
 """Small models for tests (built in memory, random weights, seeded), the launch line of multi-process runs, and
 independent subprocesses run side by side."""
+import ctypes
+import gc
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
 
+import pytest
 import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
 
@@ -196,3 +199,48 @@ def grpo_configs():
 def named_config(name: str = "tiny"):
     """A named config as `--config config/grpo.py:NAME` builds it."""
     return grpo_configs().get_config(name)
+
+
+# ------------------------------------------------------------------ heap measurements (memory plan, byte meters)
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use():
+    """Bytes in use on glibc's heap (mallinfo2: small chunks + mmapped ones), where torch's CPU tensors live."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        pytest.skip("glibc's mallinfo2 is not available here")
+
+    def used():
+        gc.collect()
+        m = libc.mallinfo2()
+        return m.uordblks + m.hblkhd
+
+    return used
+
+
+def fresh_process(request) -> bool:
+    """True when the calling heap test should return: it has been run again alone in a fresh Python process (and
+    asserted there). glibc's heap is the whole process's: other tests' threads (reward pools, data loaders) and
+    their freed arenas would otherwise move it between the two readings."""
+    if os.environ.get("DDPO_HEAP_TEST_CHILD") == "1":
+        return False
+    env = dict(os.environ, DDPO_HEAP_TEST_CHILD="1", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", request.node.nodeid],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if out.returncode == 0 and " skipped" in out.stdout and " passed" not in out.stdout:
+        pytest.skip("glibc's mallinfo2 is not available here (fresh process)")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return True
+
+
+def mid_unet_config(latent: int, channels=(64, 128, 128, 128)) -> dict:
+    """SD 1.5's UNet layout (sd15_random) at a CPU-friendly width: 12.8 M parameters."""
+    from ddpo_grpo.models.sd15_random import sd15_unet_config
+
+    return dict(sd15_unet_config(latent), block_out_channels=channels, cross_attention_dim=64, attention_head_dim=8,
+                norm_num_groups=16)

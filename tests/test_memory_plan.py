@@ -1,8 +1,6 @@
 """The memory plan (trainer/checks/memory_plan.py, trainer/checks/meta_counts.py): its arithmetic against hand-computed numbers,
-its static part against real modules' bytes, its activation estimate (meta device) against the memory a real CPU
-forward keeps for backward, its counts against the real modules, and the plan a dry run prints."""
-import ctypes
-import gc
+its static part against real modules' bytes, its counts against the real modules, and the plan a dry run prints
+(the activation counts it reads: tests/test_byte_meters.py)."""
 import os
 import subprocess
 import sys
@@ -11,12 +9,12 @@ import pytest
 import torch
 
 from ddpo_grpo.trainer.checks import memory_plan as mp
-from ddpo_grpo.trainer.checks.byte_meters import SavedBytes, activation_bytes
 from ddpo_grpo.trainer.checks.meta_counts import count_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "config"))
 import grpo  # noqa: E402
+from helpers import fresh_process, heap_in_use, mid_unet_config  # noqa: E402
 
 G = mp.GiB
 
@@ -133,101 +131,6 @@ def test_fsdp2_plan_ignores_fsdp1s_sharding_strategy():
 
 
 # ------------------------------------------------------------------------------------------ against real memory
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _heap():
-    """Bytes in use on glibc's heap (mallinfo2: small chunks + mmapped ones), where torch's CPU tensors live."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-    except (OSError, AttributeError):
-        pytest.skip("glibc's mallinfo2 is not available here")
-
-    def used():
-        gc.collect()
-        m = libc.mallinfo2()
-        return m.uordblks + m.hblkhd
-
-    return used
-
-
-def _fresh_process(request) -> bool:
-    """True when the calling heap test should return: it has been run again alone in a fresh Python process (and
-    asserted there). glibc's heap is the whole process's: other tests' threads (reward pools, data loaders) and
-    their freed arenas would otherwise move it between the two readings."""
-    if os.environ.get("DDPO_HEAP_TEST_CHILD") == "1":
-        return False
-    env = dict(os.environ, DDPO_HEAP_TEST_CHILD="1", PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", request.node.nodeid],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    if out.returncode == 0 and " skipped" in out.stdout and " passed" not in out.stdout:
-        pytest.skip("glibc's mallinfo2 is not available here (fresh process)")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    return True
-
-
-def mid_unet_config(latent: int, channels=(64, 128, 128, 128)) -> dict:
-    """SD 1.5's UNet layout (sd15_random) at a CPU-friendly width: 12.8 M parameters."""
-    from ddpo_grpo.models.sd15_random import sd15_unet_config
-
-    return dict(sd15_unet_config(latent), block_out_channels=channels, cross_attention_dim=64, attention_head_dim=8,
-                norm_num_groups=16)
-
-
-def _inputs(rows, latent, device):
-    return (torch.randn(rows, 4, latent, latent).to(device), torch.full((rows,), 500.0).to(device),
-            torch.randn(rows, 77, 64).to(device))
-
-
-@pytest.mark.parametrize("channels,latent", [((32, 64, 64, 64), 8), ((64, 128, 128, 128), 16)])
-def test_activation_estimate_matches_the_memory_a_cpu_forward_keeps(channels, latent, request):
-    """Per row (the slope between 1 and 2 rows, which cancels fixed costs such as autograd's nodes): the bytes the
-    meta-device count says against glibc's heap growth over a real float32 forward with grad, within 10 %. The
-    checkpointed count's kept part (block inputs) likewise. Two sizes: 3.3 M and 12.8 M parameters."""
-    from diffusers import UNet2DConditionModel
-
-    if _fresh_process(request):
-        return
-    used = _heap()
-    torch.manual_seed(0)
-    unet = UNet2DConditionModel(**mid_unet_config(latent, channels)).requires_grad_(True)
-    with torch.device("meta"):
-        meta = UNet2DConditionModel(**mid_unet_config(latent, channels))
-    est = [activation_bytes(meta, _inputs(r, latent, "meta"), False) for r in (1, 2)]
-    for rows in (1, 2):  # warm-up at each shape: oneDNN's primitive caches and the allocator's one-offs
-        x, t, c = _inputs(rows, latent, "cpu")
-        unet(x, t, encoder_hidden_states=c)
-
-    def kept(rows, checkpointing=False):
-        if checkpointing:
-            unet.enable_gradient_checkpointing()
-        x, t, c = _inputs(rows, latent, "cpu")
-        before = used()
-        out = unet(x, t, encoder_hidden_states=c).sample
-        nbytes = used() - before - out.numel() * out.element_size()
-        del out
-        unet.disable_gradient_checkpointing()
-        return nbytes
-
-    measured = kept(2) - kept(1)
-    assert est[1] - est[0] == pytest.approx(measured, rel=0.10)
-    assert est[1] == pytest.approx(2 * est[0], rel=0.02)  # per row: the plan multiplies it by rows
-    if latent == 16:
-        counted = []
-        for r in (1, 2):
-            sb = SavedBytes()
-            meta.enable_gradient_checkpointing(gradient_checkpointing_func=sb.checkpoint)
-            with sb.counting():
-                x, t, c = _inputs(r, latent, "meta")
-                meta(x, t, encoder_hidden_states=c)
-            counted.append(sb.outside)
-        assert counted[1] - counted[0] == pytest.approx(kept(2, True) - kept(1, True), rel=0.10)
-        assert activation_bytes(meta, _inputs(1, latent, "meta"), True) < est[0] / 3
-
-
 @pytest.mark.parametrize("lora", [False, True])
 def test_static_part_matches_real_modules_bytes(lora, request):
     """The plan's parameters + gradients + AdamW state against glibc's heap growth over building the 12.8 M-parameter
@@ -236,9 +139,9 @@ def test_static_part_matches_real_modules_bytes(lora, request):
     from diffusers import UNet2DConditionModel
     from peft import LoraConfig
 
-    if _fresh_process(request):
+    if fresh_process(request):
         return
-    used = _heap()
+    used = heap_in_use()
     cfg = grpo.get_config("tiny")
     before = used()
     torch.manual_seed(0)
@@ -369,32 +272,6 @@ def test_settings_of_counts_the_runs_rows_and_copies():
     assert mp.settings_of(cfg, "bf16", 20).reference_copies == 0
     cfg.train.beta = 0.01
     assert mp.settings_of(cfg, "bf16", 20).reference_copies == 1
-
-
-def test_autocast_emulation_saves_what_autocast_saves_by_hand():
-    """conv -> group_norm -> silu -> conv on meta under emulated bf16 autocast: the first conv saves its input cast
-    to bf16 (2 B/elt), group_norm an fp32 copy of the bf16 conv output (4) plus its fp32 mean/rstd, silu its fp32 input
-    (4), the second conv its input cast back to bf16 (2). fp32: conv input, gn input, silu input, conv input (4 each)."""
-    from ddpo_grpo.trainer.checks.byte_meters import activation_bytes
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Conv2d(4, 8, 1)
-            self.n = torch.nn.GroupNorm(2, 8)
-            self.b = torch.nn.Conv2d(8, 8, 1)
-
-        def forward(self, x, t, encoder_hidden_states=None):
-            return self.b(torch.nn.functional.silu(self.n(self.a(x))))
-
-    with torch.device("meta"):
-        net = Net()
-    x = torch.zeros(1, 4, 16, 16, device="meta")
-    e = 16 * 16  # elements per channel
-    stats = 2 * 4 * 2  # group_norm's mean and rstd: (N, groups) fp32, 2 tensors
-    inputs = (x, torch.zeros(1, device="meta"), torch.zeros(1, 1, 1, device="meta"))
-    assert activation_bytes(net, inputs, False, "no") == 4 * e * 4 + 8 * e * 4 * 3 + stats
-    assert activation_bytes(net, inputs, False, "bf16") == 4 * e * 2 + 8 * e * (4 + 4 + 2) + stats
 
 
 def test_host_memory_of_the_switches_by_hand():
