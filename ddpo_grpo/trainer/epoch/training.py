@@ -19,8 +19,8 @@ from .advantages import EpochAdvantages
 from .metrics import EpochMetrics
 from .rescoring import (call_inputs, gather_sampler_gap, rescore_old_logprobs, sampler_gap, score,
                         truncated_is_weight)
-from .update import (cell_training_calls, optimizer_step, probe_sizes, steps_per_sample, trainable_columns,
-                     training_calls, untrained_columns, zero_loss)
+from .update import (cell_training_calls, optimizer_step, probe_sizes, step_weights, steps_per_sample,
+                     trainable_columns, training_calls, untrained_columns, zero_loss)
 from ..checks.verification import check_onpolicy, run_old_logprobs
 
 
@@ -101,6 +101,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     else:
         old_tables, gap = [samples.log_probs] * len(plans), {}
     cap = float(config.train.get("sampler_is_cap", 0.0))
+    step_w = step_weights(samples, config, columns)  # train.step_weight_power (None: every trained step 1)
     for inner, (calls, per_mb) in enumerate(plans):
         if untrained is not None:  # which untrained step each sample gets: seeded like the call plan
             g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
@@ -122,7 +123,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                     metrics.add("kl_untrained", float(kl_u.detach()), len(idx))
                 with sync:
                     loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params,
-                                              old_tables[inner], cap if rescored else 0.0)
+                                              old_tables[inner], cap if rescored else 0.0, step_w)
                     acc.backward(loss / len(chunk))
                 rows = m.pop("_rows", 0.0)
                 ratio_dev, ratio_at = m.pop("_ratio_dev", None), m.pop("_ratio_worst", None)
@@ -156,10 +157,12 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     return out
 
 
-def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params, old_table, is_cap=0.0):
+def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params, old_table, is_cap=0.0,
+               step_w=None):
     """Loss of one forward call: samples idx (b,) at timestep columns cols (b, S), stacked to b*S rows; the ratio's
     old log-probs from old_table (N, T): the sampler's (samples.log_probs) or the re-scored ones. is_cap > 0: each row's
-    policy term weighed by min(exp(old - logp_sampler), is_cap) (train.sampler_is_cap).
+    policy term weighed by min(exp(old - logp_sampler), is_cap) (train.sampler_is_cap); step_w (T,): each row's
+    policy term also weighed by its step's factor (update.step_weights, train.step_weight_power).
     Returns (loss, metrics, the policy's StepResult on those rows). metrics: grpo_loss's (means over the kept
     rows), loss_sup, and privately _rows (the kept rows, their weight in the epoch's mean), _ratio_dev and _ratio_worst
     (max exp(|logp - logp_old|) - 1 over the kept rows, and its (sample, column))."""
@@ -167,7 +170,11 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
     device = acc.device
     rows, c, inputs = call_inputs(ctx, settings, samples, idx, cols)
     old = old_table[rows, c].to(device)
-    weights = truncated_is_weight(old, samples.log_probs[rows, c], is_cap) if is_cap > 0 else None
+    is_w = truncated_is_weight(old, samples.log_probs[rows, c], is_cap) if is_cap > 0 else None
+    weights = is_w
+    if step_w is not None:
+        w = step_w[c].to(device)
+        weights = w if weights is None else weights * w
     a = advantages[rows] if advantages.ndim == 1 else advantages[rows.to(device), c.to(device)]
     keep = mask[rows.to(device)] if mask.ndim == 1 else mask[rows.to(device), c.to(device)]
     ref_res = None
@@ -191,8 +198,8 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         metrics = {k: float(v) for k, v in m.items()}
         metrics["loss"] = loss.item()
         metrics["_rows"] = float(keep.sum())
-        if weights is not None:
-            metrics["sampler_is_weight"] = float(weights[keep].mean())
+        if is_w is not None:
+            metrics["sampler_is_weight"] = float(is_w[keep].mean())
         # exp(|logp - logp_old|) - 1 of every kept row (>= |r - 1|): before the first optimizer step these must all be
         # 0 (verification.check_onpolicy). NaN rows are left out: a non-finite loss is counted below.
         d = (res.log_prob[keep].detach().float() - old[keep].float()).abs()

@@ -9,7 +9,7 @@ dispatched to training_forward.py, an import circle (issue 48).
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -27,6 +27,21 @@ def trainable_columns(samples: EpochSamples, config) -> torch.Tensor:
         return torch.arange(T)
     cols = torch.nonzero(samples.step_std >= config.train.min_step_std).flatten()
     return cols if len(cols) else torch.arange(T)
+
+
+def step_weights(samples: EpochSamples, config, columns: torch.Tensor) -> Optional[torch.Tensor]:
+    """train.step_weight_power p != 0: (T,) factors on each stored step's policy term, std_t^p normalised to mean 1
+    over the trained `columns` (so the policy term's scale against the KL is unchanged); None (every step 1) when
+    p == 0 or the sampler stored no stds. Why: a step's log-prob gradient scales as 1/std, so among trained steps the
+    least noisy dominates the update (recam_step_diag: step 3 of the window 0-3 carries ~3.5x step 0's gradient for
+    about the same credit); p = 1 gives each step's mean shift the same scale, p = 2 weighs the noisier steps more."""
+    p = float(config.train.get("step_weight_power", 0.0))
+    if p == 0.0 or samples.step_std is None:
+        return None
+    std = samples.step_std.detach().double().cpu()
+    w = torch.zeros_like(std)
+    w[columns] = std[columns] ** p
+    return (w / w[columns].mean()).float()
 
 
 def untrained_columns(samples: EpochSamples, config) -> torch.Tensor:

@@ -2,6 +2,8 @@
 before any model is loaded (build.py builds the run afterwards)."""
 from __future__ import annotations
 
+import math
+
 from ddpo_grpo.core.families import get_family
 from ddpo_grpo.core.forward_loss import OBJECTIVES
 from ddpo_grpo.core.loss import KL_STEPS
@@ -137,6 +139,11 @@ def validate_config(config, num_processes: int) -> str:
     if t.get("target_shift_kl", 0.0) > 0 and t.objective != "grpo":
         raise ConfigError(f"train.target_shift_kl={t.target_shift_kl} adapts the lr to the GRPO update's policy shift: "
                           f"it needs train.objective='grpo' (got {t.objective!r})")
+    if not math.isfinite(t.get("step_weight_power", 0.0)):
+        raise ConfigError(f"train.step_weight_power={t.step_weight_power} must be a finite number (0 = off)")
+    if t.get("step_weight_power", 0.0) != 0 and t.objective != "grpo":
+        raise ConfigError(f"train.step_weight_power={t.step_weight_power} weighs the clipped-ratio loss's steps: it "
+                          f"needs train.objective='grpo' (got {t.objective!r})")
     if t.get("nft_old_decay", 0.0) > 0 and t.objective != "nft":
         raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} is DiffusionNFT's soft update of the sampling "
                           f"policy: it needs train.objective='nft' (got {t.objective!r})")
