@@ -13,6 +13,11 @@ import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the bundled tiny builds of each architecture, their sizes where the default does not fit, and prompts with the
+# empty one (CFG's negative) and a duplicate (memory switches, embedding cache)
+FAMILIES = ["tiny-t2i", "sdxl-tiny", "sd3-tiny", "flux-tiny", "wan-tiny"]
+SIZE = {"wan-tiny": dict(resolution=32, num_frames=5)}  # the tiny transformer's rope covers 32 px
+PROMPTS = ["a red circle on the left", "", "a blue square", "a red circle on the left"]
 
 
 def tiny_unet(in_channels: int = 3, seed: int = 0) -> UNet2DConditionModel:
