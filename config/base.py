@@ -176,7 +176,7 @@ def get_config() -> ml_collections.ConfigDict:
     # > 0 (needs the re-scored log-probs): weigh each transition's policy term by the truncated importance weight
     # min(pi_trainer / pi_sampler, C) of the transition the sampler drew (rollout correction); 0 = off.
     config.train.sampler_is_cap = 0.0
-    # != 0 (grpo): weigh each trained step's policy term by std_t^p, normalised to mean 1 over the trained steps
+    # > 0 (grpo): weigh each trained step's policy term by std_t^p, normalised to mean 1 over the trained steps
     # (trainer/epoch/update.step_weights): the log-prob gradient scales as 1/std, so without it the least noisy
     # trained step dominates the update. 0 = every trained step weighs 1.
     config.train.step_weight_power = 0.0

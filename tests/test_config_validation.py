@@ -37,6 +37,7 @@ from helpers import named_config as _config
     (lambda c: setattr(c.sample, "antithetic", True), "needs sample.shared_init_noise=True"),
     (lambda c: setattr(c.reward, "num_threads", -1), "reward.num_threads=-1"),
     (lambda c: setattr(c.train, "step_weight_power", float("nan")), "step_weight_power=nan must be a finite number"),
+    (lambda c: setattr(c.train, "step_weight_power", -1.0), "step_weight_power=-1.0 must be a finite number >= 0"),
     (lambda c: (setattr(c.train, "objective", "nft"), setattr(c.train, "step_weight_power", 1.0)),
      "step_weight_power=1.0 weighs the clipped-ratio loss's steps: it needs train.objective='grpo'"),
     (lambda c: (setattr(c.sample, "antithetic", True), setattr(c.sample, "branch_steps", (0,)),

@@ -167,16 +167,16 @@ def test_auto_resolves_by_precision_and_device_and_bad_values_are_one_line():
 
 def test_step_weights_are_std_to_the_power_normalised_over_the_trained_steps():
     """update.step_weights by hand: std (0.5, 0.25, 0, 1) with steps 0, 1, 3 trained, p = 2: std^2 = (0.25, 0.0625,
-    -, 1), mean 0.4375 over the trained steps; an untrained step weighs 0; p = 0 or no stds: None (every step 1)."""
+    -, 1), mean 0.4375 over the trained steps; p = 1 likewise; an untrained step weighs 0; p = 0 or no stds: None."""
     from ddpo_grpo.trainer.epoch.update import step_weights
 
     samples = types.SimpleNamespace(step_std=torch.tensor([0.5, 0.25, 0.0, 1.0]))
     cfg = ml_collections.ConfigDict(dict(train=dict(step_weight_power=2.0)))
     w = step_weights(samples, cfg, torch.tensor([0, 1, 3]))
     assert w.tolist() == pytest.approx([0.25 / 0.4375, 0.0625 / 0.4375, 0.0, 1.0 / 0.4375], rel=1e-6)
-    cfg.train.step_weight_power = -1.0  # 1/std: (2, 4, -, 1), mean 7/3
+    cfg.train.step_weight_power = 1.0  # std: (0.5, 0.25, -, 1), mean 7/12
     assert step_weights(samples, cfg, torch.tensor([0, 1, 3])).tolist() == pytest.approx(
-        [6 / 7, 12 / 7, 0.0, 3 / 7], rel=1e-6)
+        [6 / 7, 3 / 7, 0.0, 12 / 7], rel=1e-6)
     cfg.train.step_weight_power = 0.0
     assert step_weights(samples, cfg, torch.tensor([0, 1, 3])) is None
     cfg.train.step_weight_power = 2.0

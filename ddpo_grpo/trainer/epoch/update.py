@@ -30,7 +30,7 @@ def trainable_columns(samples: EpochSamples, config) -> torch.Tensor:
 
 
 def step_weights(samples: EpochSamples, config, columns: torch.Tensor) -> Optional[torch.Tensor]:
-    """train.step_weight_power p != 0: (T,) factors on each stored step's policy term, std_t^p normalised to mean 1
+    """train.step_weight_power p > 0: (T,) factors on each stored step's policy term, std_t^p normalised to mean 1
     over the trained `columns` (so the policy term's scale against the KL is unchanged); None (every step 1) when
     p == 0 or the sampler stored no stds. Why: a step's log-prob gradient scales as 1/std, so among trained steps the
     least noisy dominates the update (recam_step_diag: step 3 of the window 0-3 carries ~3.5x step 0's gradient for
