@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 from typing import Dict, Optional
@@ -271,8 +271,7 @@ def pretrained_eval(config) -> Dict:
         t0 = time.perf_counter()
         metrics, _, _ = evaluate(ctx)
         seconds = time.perf_counter() - t0
-        if ctx.rewards.executor is not None:
-            ctx.rewards.executor.shutdown(wait=False)
+        ctx.rewards.shutdown()
     return {"metrics": metrics, "seconds": seconds}
 
 
@@ -321,8 +320,7 @@ def interleaved(config, rounds: int = 3) -> Dict:
             trainer.append({"sampling_s": t1 - t0, "training_s": time.perf_counter() - t2,
                             "sampling_minor_faults": f1 - f0, "minor_faults": faults() - f0,
                             "cpu_s": (c1 - c0) + (time.process_time() - c2)})
-        if ctx.rewards.executor is not None:
-            ctx.rewards.executor.shutdown(wait=False)
+        ctx.rewards.shutdown()
     best = lambda rows, k: min(x[k] for x in rows[1:] or rows)  # noqa: E731
     out = {"rounds": rounds, "floor_runs": floors, "trainer_runs": trainer}
     for k in ("sampling_s", "training_s"):

@@ -107,8 +107,7 @@ def trainer_epoch(config, device: str) -> dict:
         out["train_rows"] = int(steps) * (2 if cfg and t.cfg else 1)
         out["train_sample_steps"] = int(steps)
         out["reference_rows"] = out["train_rows"] if t.beta > 0 else 0
-        if ctx.rewards.executor is not None:
-            ctx.rewards.executor.shutdown(wait=False)
+        ctx.rewards.shutdown()
     del ctx, acc
     return out
 

@@ -212,7 +212,7 @@ def test_the_config_s_trainable_modules_reach_the_run_s_optimizer(tmp_path):
             if chosen:
                 assert trained == {n for n, _ in named if "attn1.to_q" in n}
         finally:
-            ctx.rewards.executor.shutdown(wait=False)
+            ctx.rewards.shutdown()
             AcceleratorState._reset_state(reset_partial_state=True)
     assert counts[()][0] == counts[()][1] and 0 < counts[("attn1.to_q",)][0] < counts[()][0]
 

@@ -121,7 +121,7 @@ def test_trainer_loads_by_the_runs_mixed_precision(cache, tmp_path):
             images = decode(ctx.pipe.vae, torch.randn(2, *ctx.pipe.sample_shape))
         assert images.dtype == FP32 and images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()
     finally:
-        ctx.rewards.executor.shutdown(wait=False)
+        ctx.rewards.shutdown()
         AcceleratorState._reset_state(reset_partial_state=True)
 
 

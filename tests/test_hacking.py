@@ -251,7 +251,7 @@ def test_best_gold_export_holds_the_evaluated_weights_and_survives_a_crash_mid_w
         assert ctx.state.guard["best_gold"]["epoch"] == 1
         assert holds() == {0: False, 1: True, 2: False, 3: False} and (out / "export.json").is_file()
     finally:
-        ctx.rewards.executor.shutdown(wait=False)
+        ctx.rewards.shutdown()
         AcceleratorState._reset_state(reset_partial_state=True)
 
 

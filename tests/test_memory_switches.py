@@ -75,7 +75,7 @@ def build(config, tmp_path, mixed_precision="no"):
 def close(ctx):
     from accelerate.state import AcceleratorState
 
-    ctx.rewards.executor.shutdown(wait=False)
+    ctx.rewards.shutdown()
     AcceleratorState._reset_state(reset_partial_state=True)
 
 

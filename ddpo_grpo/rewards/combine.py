@@ -231,6 +231,12 @@ class RewardComputer:
             fut.set_exception(e)
         return fut
 
+    def shutdown(self) -> None:
+        """Stop the reward pool, if there is one (reward.num_threads = 0 runs inline: nothing to stop); rewards still
+        running finish in their threads."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False)
+
 
 def collect_rewards(futures: Sequence["Future[RewardResult]"], accelerator=None) -> RewardResult:
     """Wait for the batches' reward futures (`RewardComputer.submit`) and concatenate them into one RewardResult

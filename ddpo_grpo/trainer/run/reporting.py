@@ -193,8 +193,7 @@ def finish(ctx, seconds: float, final_eval: bool = True) -> None:
                        "stopped": ctx.stop or None}, f, indent=1)
         acc.print(f"done in {seconds / 60:.1f} min; run folder {ctx.run_dir}")
     acc.end_training()
-    if ctx.rewards.executor is not None:
-        ctx.rewards.executor.shutdown(wait=False)
+    ctx.rewards.shutdown()
 
 
 # ----------------------------------------------------------------------------- image grids and the reward curve
