@@ -139,11 +139,12 @@ def validate_config(config, num_processes: int) -> str:
     if t.get("target_shift_kl", 0.0) > 0 and t.objective != "grpo":
         raise ConfigError(f"train.target_shift_kl={t.target_shift_kl} adapts the lr to the GRPO update's policy shift: "
                           f"it needs train.objective='grpo' (got {t.objective!r})")
-    if not (math.isfinite(t.get("step_weight_power", 0.0)) and t.get("step_weight_power", 0.0) >= 0):
-        raise ConfigError(f"train.step_weight_power={t.step_weight_power} must be a finite number >= 0 (0 = off; a "
+    swp = t.get("step_weight_power", 0.0)
+    if not (math.isfinite(swp) and swp >= 0):
+        raise ConfigError(f"train.step_weight_power={swp} must be a finite number >= 0 (0 = off; a "
                           "negative power would weigh the least noisy steps up, and a zero-std step infinitely)")
-    if t.get("step_weight_power", 0.0) != 0 and t.objective != "grpo":
-        raise ConfigError(f"train.step_weight_power={t.step_weight_power} weighs the clipped-ratio loss's steps: it "
+    if swp != 0 and t.objective != "grpo":
+        raise ConfigError(f"train.step_weight_power={swp} weighs the clipped-ratio loss's steps: it "
                           f"needs train.objective='grpo' (got {t.objective!r})")
     if t.get("nft_old_decay", 0.0) > 0 and t.objective != "nft":
         raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} is DiffusionNFT's soft update of the sampling "
