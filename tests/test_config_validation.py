@@ -147,15 +147,25 @@ def test_named_configs_validate(name):
     validate_config(_config(name), 1)  # raises ConfigError on a broken named config
 
 
-def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_two_noisiest_steps():
+def test_tiny_colour_grpo_makes_one_step_per_epoch_on_the_conditioning_pathway():
+    from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.trainer.epoch.update import training_calls
+    from ddpo_grpo.trainer.run.build import trainable_modules
 
     c = _config("tiny_colour_grpo")
     n = c.sample.batch_size * c.sample.num_batches_per_epoch
     calls, per_mb = training_calls(n, 10, c, epoch=0, inner=0, rank=0, per_call=1, columns=torch.tensor([0, 1]))
-    assert n == 256 and n // c.sample.k == 32
+    assert n == 128 and n // c.sample.k == 16
     assert len(calls) == c.train.gradient_accumulation_steps * per_mb  # every call of the epoch in one step
     assert c.train.beta == 0.04 and c.train.reference_model_mixup_alpha == 1.0  # KL to the frozen start model
+    # the text-conditioning pathway of the recipe's model: cross-attention and the pooled-text embedding, 87,040 of
+    # 1,433,955 weights (a renamed module would train nothing and stop the build; a broader fragment, more)
+    pipe = load_pipeline(c.pretrained.model)
+    frags = trainable_modules(c, pipe.adapter)[1]
+    chosen = {n: p.numel() for n, p in pipe.unet.named_parameters() if any(f in n for f in frags)}
+    assert sum(chosen.values()) == 87_040
+    assert {n.split(".")[0] for n in chosen} == {"add_embedding", "down_blocks", "mid_block", "up_blocks"}
+    assert all(n.startswith("add_embedding.") or ".attn2." in n for n in chosen)
 
 
 def _trainable(**over):

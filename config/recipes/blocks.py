@@ -83,8 +83,8 @@ def _nft_demo(config):
 
 
 def _one_step_per_epoch(config):
-    """tiny_colour_grpo's geometry (its docstring says why): 256 samples per epoch in ONE optimizer step at lr 1e-4
-    after a 3-step warmup, a KL to the frozen start model, pass@8 on the eval."""
+    """One optimizer step per epoch (tiny_colour_grpo's docstring says why): 256 samples in ONE optimizer step at
+    lr 1e-4 after a 3-step warmup, a KL to the frozen start model, pass@8 on the eval."""
     _batches(config, 32, 8, 8, 32, accumulation=8)  # 256 samples per epoch = 32 conditions x 8 copies, one step
     config.train.learning_rate = 1e-4
     config.train.lr_warmup_steps = 3

@@ -73,19 +73,25 @@ def tiny_hack():
 
 
 def tiny_colour_grpo():
-    """tiny_colour trained by the clipped-ratio GRPO loss, in the shape the policy gradient needs here: only the
-    two noisiest steps are trained (std >= 0.6; benchmarks/step_credit.py: the colour flips at x_T and step 0, never
-    after step 3), and each epoch's 256 samples (32 conditions x k = 8) make ONE optimizer step at lr 1e-4. With
-    64 samples in 4 steps the same lr broke the model within 2 epochs: a small batch's policy gradient is mostly
-    noise, Adam makes full-size steps of it, and the mean-over-dims ratio (0.9998, clipfrac 0) cannot see it
-    (train/policy_shift_kl can). A KL to the frozen start model (beta 0.04, Flow-GRPO's value for the same
-    mean-over-dims KL) holds what the reward does not score: without it the denoising of the background
-    random-walks and the deterministic (eta = 0) sampler, which training never uses, can break (seed 2: 0.07).
-    Held-out strict at epoch 36 (another seed set, 256 samples; docs/efficacy.md), seeds 1 / 2 / 42: eta 0
-    0.47 / 0.59 / 0.61 (without the KL 0.57 / 0.07 / 0.47), the policy's eta-1 sampler 0.58 / 0.70 / 0.70
-    (0.65 / 0.63 / 0.55); start 0.31 / 0.37. eval.pass_at_k = 8 reports the policy's sampler on 256 samples too."""
+    """tiny_colour trained by the clipped-ratio GRPO loss, in the shape the policy gradient needs here. Only the two
+    noisiest steps are trained (std >= 0.6; benchmarks/step_credit.py: the colour flips at x_T and step 0, never
+    after step 3). Only the text-conditioning pathway is trained, at 10x the full model's lr: the cross-attention
+    (attn2) and the pooled-text embedding added to the time embedding (add_embedding), 87 K of 1.43 M weights, at
+    lr 1e-3. The error is the same for every condition (a colour word drawn as another colour), so its correction
+    lives where the words enter; every other weight denoises what the reward does not score, and one Adam step moves
+    each trained weight by about the lr whatever the gradient's signal, so a full fine-tune fell at 2e-4 while this
+    subspace rises at 1e-3. Each epoch's 128 samples (16 conditions x k = 8) make ONE optimizer step (a small batch's
+    policy gradient is mostly noise and Adam makes full-size steps of it: at 64 samples in 4 steps lr 1e-4 broke the
+    model in 2 epochs). A KL to the frozen start model (beta 0.04, Flow-GRPO's value for the same mean-over-dims KL)
+    holds what the reward does not score. Held-out strict at 4,608 samples (36 epochs; docs/efficacy.md, 2026-11-28),
+    seeds 42 / 1 / 2: 0.859 / 0.852 / 0.887, on another seed set (eval_model.py --seed 7) 0.859 / 0.828 / 0.871;
+    start 0.320 / 0.305. The whole model at lr 1e-4, same samples: 0.469 / 0.527 / 0.531 (branched). eval.pass_at_k = 8 reports the policy's
+    sampler on 256 samples too."""
     config = _one_step_per_epoch(tiny_colour())
+    _batches(config, 32, 4, 8, 32, accumulation=4)  # 128 samples per epoch = 16 conditions x 8 copies, one step
     config.train.min_step_std = 0.6  # steps 0-1 of 10
+    config.trainable_modules = ("attn2", "add_embedding")  # the UNet's text-conditioning pathway
+    config.train.learning_rate = 1e-3
     return config
 
 
@@ -93,17 +99,17 @@ def tiny_colour_branch():
     """tiny_colour_grpo on branched trajectories (core/branching.py): per condition one tree, x_T shared, 8 children
     split at step 0 (where benchmarks/step_credit.py finds the colour decided after x_T) and finished deterministically
     (DDIM eta 0, the eval's sampler). The 8 siblings are the group, so the advantage is what step 0's noise did, not
-    x_T's luck; only step 0 is stored and trained. Same geometry as tiny_colour_grpo (256 samples, one optimizer
-    step per epoch, lr 1e-4, KL to the start model). Held-out strict at epoch 36: 0.609 / 0.555 / 0.613 (seeds
-    42 / 1 / 2), against 0.523 without branching and 0.582 with per-step x0 rewards at one commit (seed 42), at
-    12.1 instead of 14.1 NFEs per sample; short of the NFT demo's 0.78 at 2,304 samples. At 64 samples in 4 steps
-    per epoch it rose on one seed of three and fell on two (docs/efficacy.md, sessions 11-12)."""
-    return _branch_at_step0(tiny_colour_grpo())  # 32 conditions per epoch
+    x_T's luck; only step 0 is stored and trained. Same recipe as tiny_colour_grpo (128 samples in one optimizer step
+    per epoch, the text-conditioning pathway at lr 1e-3, KL to the start model), at 12.1 instead of 14.1 NFEs per
+    sample. Held-out strict at 4,608 samples (36 epochs), seeds 42 / 1 / 2: 0.867 / 0.875 / 0.887; on another seed
+    set (eval_model.py --seed 7) 0.863 / 0.930 / 0.926 (docs/efficacy.md, 2026-11-28). With the whole model trained
+    at lr 1e-4: 0.469 / 0.527 / 0.531."""
+    return _branch_at_step0(tiny_colour_grpo())  # 16 conditions per epoch
 
 
 def tiny_branch():
-    """The mixed task (`tiny`) on branched trajectories: tiny_colour_grpo's geometry (256 samples = 32 conditions x
-    one 8-leaf tree, one optimizer step per epoch at lr 1e-4, KL to the start model) with the split at step 0.
+    """The mixed task (`tiny`) on branched trajectories: one optimizer step per epoch on 256 samples (32 conditions x
+    one 8-leaf tree) at lr 1e-4 over the whole model, KL to the start model, with the split at step 0.
     Seed 42, 192 epochs: held-out strict 0.457 -> a plateau of 0.50-0.54 (best 0.539); singles rise (0.805 -> 0.953),
     pairs do not (0.117 -> 0.094) although their sibling groups have spread (docs/efficacy.md, session 12)."""
     return _branch_at_step0(_one_step_per_epoch(tiny()))
