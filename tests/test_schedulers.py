@@ -213,3 +213,22 @@ def test_a_folder_trains_one_epoch_on_policy(tmp_path, config_name, src, cls, kw
     if src == "tiny-t2i":  # the full export samples as the run did: DDIM with the values the run used
         assert exported["_class_name"] == "DDIMScheduler" and exported["set_alpha_to_one"] is False
         assert exported["timestep_spacing"] == "linspace" and exported["clip_sample"] is False
+
+
+def test_the_scheduler_note_says_what_a_window_or_a_tree_samples_with_noise():
+    """The `note: scheduler:` line states the room (steps that can be stochastic) and then what this run samples with
+    noise and trains: an SDE window's steps, or a tree's splits; without either, nothing more."""
+    from ddpo_grpo.models import load_pipeline
+    from ddpo_grpo.trainer.epoch.sampling import scheduler_note
+    from helpers import named_config
+
+    c = named_config("recam_video_tiny_grpo")
+    note = scheduler_note(c, load_pipeline(c.pretrained.model))
+    assert "an SDE window of 4 (steps 0-3) stochastic and trained" in note, note
+    c.sample.sde_window_mode, c.sample.sde_window_size = "random", 2
+    assert "an SDE window of 2 (placed random per epoch)" in scheduler_note(c, load_pipeline(c.pretrained.model))
+    c = named_config("tiny_colour_branch")
+    pipe = load_pipeline(c.pretrained.model)
+    assert "the tree's splits [0] only" in scheduler_note(c, pipe)
+    c = named_config("tiny_colour_grpo")
+    assert "this run:" not in scheduler_note(c, pipe)

@@ -115,6 +115,15 @@ def scheduler_note(config, pipe) -> str:
     tail = f"; {room} of {n} steps stochastic (trained)"
     if room < n:
         tail += f", the last {n - room} without noise for these settings: deterministic, no log-prob, not trained"
+    # an SDE window or a tree's splits narrow that room: say what this run samples with noise and trains
+    w, splits = int(config.sample.get("sde_window_size", 0) or 0), tuple(config.sample.get("branch_steps", ()) or ())
+    if splits:
+        tail += f"; this run: noise and training at the tree's splits {list(splits)} only, deterministic elsewhere"
+    elif w:
+        mode = config.sample.sde_window_mode
+        where = f"steps {config.sample.sde_window_start}-{config.sample.sde_window_start + w - 1}" if mode == "fixed" \
+            else f"placed {mode} per epoch"
+        tail += f"; this run: an SDE window of {w} ({where}) stochastic and trained, deterministic elsewhere"
     return head + tail
 
 
