@@ -86,8 +86,8 @@ def tiny_colour_grpo():
     holds what the reward does not score. Held-out strict at 4,608 samples (36 epochs; docs/efficacy.md, 2026-11-28),
     seeds 42 / 1 / 2: 0.859 / 0.852 / 0.887, on another seed set (eval_model.py --seed 7) 0.859 / 0.828 / 0.871;
     start 0.320 / 0.305. The whole model at lr 1e-4, same samples: 0.469 / 0.527 / 0.531 (branched); at 1e-3 it
-    broke (0.000 at epoch 12). add_embedding alone 0.824, attn2 alone 0.301 (seed 42): the global path does it. eval.pass_at_k = 8 reports the policy's
-    sampler on 256 samples too."""
+    broke (0.000 at epoch 12). add_embedding alone 0.824, attn2 alone 0.301 (seed 42): the global path does it.
+    eval.pass_at_k = 8 reports the policy's sampler on 256 samples too."""
     config = _one_step_per_epoch(tiny_colour())
     _batches(config, 32, 4, 8, 32, accumulation=4)  # 128 samples per epoch = 16 conditions x 8 copies, one step
     config.train.min_step_std = 0.6  # steps 0-1 of 10
