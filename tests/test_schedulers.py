@@ -223,10 +223,11 @@ def test_the_scheduler_note_says_what_a_window_or_a_tree_samples_with_noise():
     from helpers import named_config
 
     c = named_config("recam_video_tiny_grpo")
-    note = scheduler_note(c, load_pipeline(c.pretrained.model))
+    video = load_pipeline(c.pretrained.model)
+    note = scheduler_note(c, video)
     assert "an SDE window of 4 (steps 0-3) stochastic and trained" in note, note
     c.sample.sde_window_mode, c.sample.sde_window_size = "random", 2
-    assert "an SDE window of 2 (placed random per epoch)" in scheduler_note(c, load_pipeline(c.pretrained.model))
+    assert "an SDE window of 2 (placed random per epoch)" in scheduler_note(c, video)
     c = named_config("tiny_colour_branch")
     pipe = load_pipeline(c.pretrained.model)
     assert "the tree's splits [0] only" in scheduler_note(c, pipe)

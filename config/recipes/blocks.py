@@ -82,11 +82,11 @@ def _nft_demo(config):
     return config
 
 
-def _one_step_per_epoch(config):
-    """One optimizer step per epoch (tiny_colour_grpo's docstring says why): 256 samples in ONE optimizer step at
-    lr 1e-4 after a 3-step warmup, a KL to the frozen start model, pass@8 on the eval."""
-    _batches(config, 32, 8, 8, 32, accumulation=8)  # 256 samples per epoch = 32 conditions x 8 copies, one step
-    config.train.learning_rate = 1e-4
+def _one_step_per_epoch(config, num_batches=8, learning_rate=1e-4):
+    """One optimizer step per epoch (tiny_colour_grpo's docstring says why): num_batches x 32 samples (k = 8) in ONE
+    optimizer step at `learning_rate` after a 3-step warmup, a KL to the frozen start model, pass@8 on the eval."""
+    _batches(config, 32, num_batches, 8, 32, accumulation=num_batches)  # default 256 = 32 conditions x 8, one step
+    config.train.learning_rate = learning_rate
     config.train.lr_warmup_steps = 3
     config.train.beta = 0.04  # KL to the start model (reference_model_mixup_alpha = 1: frozen), at the trained steps
     config.eval.pass_at_k = 8  # 32 held-out conditions x 8 fixed-seed samples of the trained (eta 1) sampler

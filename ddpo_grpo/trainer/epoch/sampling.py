@@ -121,8 +121,8 @@ def scheduler_note(config, pipe) -> str:
         tail += f"; this run: noise and training at the tree's splits {list(splits)} only, deterministic elsewhere"
     elif w:
         mode = config.sample.sde_window_mode
-        where = f"steps {config.sample.sde_window_start}-{config.sample.sde_window_start + w - 1}" if mode == "fixed" \
-            else f"placed {mode} per epoch"
+        start = sde_window(config, 0, fam.name, sched)[0]  # a fixed window's place, as the sampler places it
+        where = f"steps {start}-{start + w - 1}" if mode == "fixed" else f"placed {mode} per epoch"
         tail += f"; this run: an SDE window of {w} ({where}) stochastic and trained, deterministic elsewhere"
     return head + tail
 
