@@ -86,8 +86,8 @@ def tiny_colour_grpo():
     holds what the reward does not score. Held-out strict at 4,608 samples (36 epochs; docs/efficacy.md, 2026-11-28),
     seeds 42 / 1 / 2 / 3: 0.859 / 0.852 / 0.887 / 0.750, on another seed set (eval_model.py --seed 7)
     0.859 / 0.828 / 0.871 / 0.746; start 0.320 / 0.305. The whole model at lr 1e-4, same samples: 0.469 / 0.527 /
-    0.531 (branched); at 1e-3 it broke (0.000 at epoch 12). add_embedding alone 0.824, attn2 alone 0.301 (seed 42): the global path does it.
-    eval.pass_at_k = 8 reports the policy's sampler on 256 samples too."""
+    0.531 (branched); at 1e-3 it broke (0.000 at epoch 12). add_embedding alone 0.824, attn2 alone 0.301 (seed 42):
+    the global path does it. eval.pass_at_k = 8 reports the policy's sampler on 256 samples too."""
     config = _one_step_per_epoch(tiny_colour(), num_batches=4, learning_rate=1e-3)  # 128 = 16 conditions x 8
     config.train.min_step_std = 0.6  # steps 0-1 of 10
     config.trainable_modules = ("attn2", "add_embedding")  # the UNet's text-conditioning pathway
