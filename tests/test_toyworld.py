@@ -119,3 +119,25 @@ def test_verifier_reads_a_two_pixel_blob_without_numeric_warnings():
         warnings.simplefilter("error")
         s = verify_batch(img[None], [c])
     assert s["color"].tolist() == [1.0] and s["position"].tolist() == [1.0]
+
+
+def test_the_verifier_s_cached_templates_change_no_score(monkeypatch):
+    """verify._template caches shape_mask: the same arrays (read-only), and every score over noisy renders of random
+    conditions equal to what the uncached templates give."""
+    from ddpo_grpo.worlds.toyworld import verify
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        key = (str(rng.choice(SHAPES)), rng.integers(0, 65) / 2, rng.integers(0, 65) / 2, rng.integers(1, 17) / 2)
+        t = verify._template(*key)
+        assert not t.flags.writeable and np.array_equal(t, verify.shape_mask(*key))
+    conds = all_conditions()
+    picked = [conds[i] for i in rng.integers(len(conds), size=48)]
+    imgs = np.stack([np.clip(render(c, rng) + rng.normal(0, 0.15, (3, 32, 32)), 0, 1) for c in picked])
+    cached = verify_batch(imgs, picked)
+    monkeypatch.setattr(verify, "_template", lambda *k: verify.shape_mask(*k))
+    plain = verify_batch(imgs, picked)
+    assert set(cached) == set(plain)
+    for k in plain:
+        assert np.array_equal(np.asarray(cached[k]), np.asarray(plain[k])), k
+    assert 0.0 < float(np.mean(plain["strict"])) < 1.0  # the noise makes some reads fail: the check compares both kinds

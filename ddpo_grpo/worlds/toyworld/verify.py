@@ -11,6 +11,7 @@ The reward is the mean of the attribute scores, in [0, 1].
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Dict, Sequence
 
 import numpy as np
@@ -36,6 +37,16 @@ def _dilate(mask: np.ndarray) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=2048)  # at most 16 MB of float64 32 x 32 templates
+def _template(shape: str, cx: float, cy: float, r: float) -> np.ndarray:
+    """shape_mask's (32, 32) coverage, cached and read-only. Why: the fit below tries 16 templates per object at a
+    bounding box's centre and radius, which are multiples of 0.5 px, so the same few hundred templates come back batch
+    after batch (copies of a condition, conditions of an epoch): computed anew they were most of the reward's time."""
+    m = shape_mask(shape, cx, cy, r)
+    m.flags.writeable = False
+    return m
+
+
 def _read_object(img: np.ndarray, mask: np.ndarray):
     """(colour name, shape name, centroid (x, y)) of the masked segment, or None if it is empty."""
     if mask.sum() < 4:
@@ -55,7 +66,7 @@ def _read_object(img: np.ndarray, mask: np.ndarray):
         for rr in (r - 1.0, r - 0.5, r, r + 0.5):
             if rr <= 0:  # a 1-2 pixel blob: a template of radius 0 is empty (and the triangle's would divide by 0)
                 continue
-            tmpl = shape_mask(shape, cx, cy, rr)
+            tmpl = _template(shape, float(cx), float(cy), float(rr))
             iou = np.minimum(tmpl, fg).sum() / max(np.maximum(tmpl, fg).sum(), 1e-6)
             if iou > best_iou:
                 best, best_iou = shape, iou
