@@ -121,7 +121,7 @@ def test_verifier_reads_a_two_pixel_blob_without_numeric_warnings():
     assert s["color"].tolist() == [1.0] and s["position"].tolist() == [1.0]
 
 
-def test_the_verifier_s_cached_templates_change_no_score(monkeypatch):
+def test_cached_verifier_templates_change_no_score(monkeypatch):
     """verify._template caches shape_mask: the same arrays (read-only), and every score over noisy renders of random
     conditions equal to what the uncached templates give."""
     from ddpo_grpo.worlds.toyworld import verify
