@@ -87,15 +87,16 @@ def clip_scores(est: np.ndarray, req: np.ndarray) -> np.ndarray:
     return score_motion(est.reshape(-1, 3), req.reshape(-1, 3))[0].reshape(est.shape[:2]).mean(axis=1)
 
 
-def unbiased(est: np.ndarray, req: np.ndarray, scatter: float = 1.0) -> np.ndarray:
-    """est (N, F, 3) with each component's linear bias removed: fit est = slope * req + offset over the moving frames
-    (1..F-1; log zoom for zoom), keep the residual around the request, scaled by `scatter`."""
+def unbiased(est: np.ndarray, req: np.ndarray, scatter: float = 1.0, components=(0, 1, 2)) -> np.ndarray:
+    """est (N, F, 3) with the linear bias of each of `components` (0 dx, 1 dy, 2 zoom) removed: fit est = slope * req +
+    offset over the moving frames (1..F-1; log zoom for zoom), keep the residual around the request, scaled by
+    `scatter`; the other components as estimated."""
     e, r = est.copy(), req.copy()
     e[..., 2], r[..., 2] = np.log(e[..., 2]), np.log(r[..., 2])
     out = e.copy()
     ok = np.isfinite(e).all(axis=-1)
     ok[:, 0] = False
-    for j in range(3):
+    for j in components:
         slope, offset = np.polyfit(r[..., j][ok], e[..., j][ok], 1)
         out[..., j] = r[..., j] + scatter * (e[..., j] - (slope * r[..., j] + offset))
     out[:, 0] = e[:, 0]  # frame 0 (the identity) as estimated
@@ -105,19 +106,24 @@ def unbiased(est: np.ndarray, req: np.ndarray, scatter: float = 1.0) -> np.ndarr
 
 def ceilings(est: np.ndarray, req: np.ndarray) -> dict:
     """What the clips would score without the shared error: cam_score with every component's linear bias removed
-    (same scatter), and with the scatter also scaled by 0.75 and 0.5 (the estimator's failures stay failures)."""
+    (same scatter), and with the scatter also scaled by 0.75 and 0.5 (the estimator's failures stay failures); and
+    with one component's bias removed at a time (bias_free_only_dx, _dy, _log_zoom)."""
     out = {"as_sampled": float(clip_scores(est, req).mean())}
     for k in (1.0, 0.75, 0.5):
         out[f"bias_free_scatter_x{k:g}"] = float(clip_scores(unbiased(est, req, k), req).mean())
+    for j, name in enumerate(("dx", "dy", "log_zoom")):
+        out[f"bias_free_only_{name}"] = float(clip_scores(unbiased(est, req, components=(j,)), req).mean())
     return out
 
 
 def follow_line(f: dict) -> str:
     """Slopes and residual stds of estimated vs requested motion (follow.follow_stats) and the ceilings, one line."""
+    c = f["ceiling"]
     return ("follow: " + ", ".join(f"{c} slope {f[c + '_slope']:.3f} resid {f[c + '_resid_std']:.3f}"
                                    for c in ("dx", "dy", "log_zoom"))
-            + "; without the bias " + " / ".join(f"{v:.4f}" for k, v in f["ceiling"].items() if k != "as_sampled")
-            + " (scatter x1 / x0.75 / x0.5)")
+            + "; without the bias " + " / ".join(f"{c[f'bias_free_scatter_x{k}']:.4f}" for k in ("1", "0.75", "0.5"))
+            + " (scatter x1 / x0.75 / x0.5), without one component's "
+            + " / ".join(f"{c['bias_free_only_' + k]:.4f}" for k in ("dx", "dy", "log_zoom")) + " (dx / dy / log zoom)")
 
 
 def amplified_cameras(motions: np.ndarray, gains, frames: int) -> np.ndarray:

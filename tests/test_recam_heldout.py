@@ -42,6 +42,11 @@ def test_a_purely_linear_bias_is_removed_exactly_and_scatter_is_scaled():
     assert np.allclose(e5[:, 1:, :2] - req[:, 1:, :2], 0.5 * (e1[:, 1:, :2] - req[:, 1:, :2]), atol=1e-9)
     c = h.ceilings(noisy, req)
     assert c["bias_free_scatter_x1"] < c["bias_free_scatter_x0.75"] < c["bias_free_scatter_x0.5"] < 1.0
+    # one component at a time: only that component moves to the request, the others stay as estimated
+    only_dx = h.unbiased(est, req, components=(0,))
+    assert np.allclose(only_dx[:, 1:, 0], req[:, 1:, 0], atol=1e-9) and np.allclose(only_dx[..., 1:], est[..., 1:])
+    c = h.ceilings(est, req)
+    assert c["as_sampled"] < c["bias_free_only_dx"] < 1.0 and c["as_sampled"] < c["bias_free_only_log_zoom"] < 1.0
 
 
 def test_amplified_cameras_scale_the_requested_motion():
