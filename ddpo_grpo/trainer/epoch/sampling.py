@@ -121,8 +121,11 @@ def scheduler_note(config, pipe) -> str:
         tail += f"; this run: noise and training at the tree's splits {list(splits)} only, deterministic elsewhere"
     elif w:
         mode = config.sample.sde_window_mode
-        start = sde_window(config, 0, fam.name, sched)[0]  # a fixed window's place, as the sampler places it
-        where = f"steps {start}-{start + w - 1}" if mode == "fixed" else f"placed {mode} per epoch"
+        if mode == "fixed":
+            start = sde_window(config, 0, fam.name, sched)[0]  # the window's place, as the sampler places it
+            where = f"steps {start}-{start + w - 1}"
+        else:
+            where = f"placed {mode} per epoch"
         tail += f"; this run: an SDE window of {w} ({where}) stochastic and trained, deterministic elsewhere"
     return head + tail
 
