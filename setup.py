@@ -36,9 +36,13 @@ setup(
         "matplotlib>=3.6",
         # mp4 in / out for ReCamMaster data (worlds/recam/video_io.py: why PyAV); the version tested
         "av>=18.1,<19",
+        # cam_score's default camera estimator on real video (two-view geometry: SIFT, MAGSAC; worlds/recam)
+        "opencv-python-headless>=4.8",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.0", "hypothesis>=6.0"],
+        # pycolmap: GLOMAP (its global mapper), the papers' own camera estimator, for cam_score's evaluation
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.0", "hypothesis>=6.0", "pycolmap>=3.11"],
+        "eval": ["pycolmap>=3.11"],
         # Ascend NPU: torch_npu is pinned to the torch release; it also needs Huawei's CANN libraries.
         "npu": ["torch_npu==2.13.0"],
     },
