@@ -28,6 +28,12 @@ frame's score; the reward computer takes details of shape (B,), so per-frame val
 clip with any non-finite pixel scores NaN (its frame scores too). The reward function has `takes_clips = True`,
 so the registry hands it video batches whole (still images go the image path above, unchanged).
 
+Real video (clips whose items carry "cameras" (F', 12), ReCamMaster's numbers, and "intrinsics" (fx, fy, cx, cy)
+instead of "motions": MultiCamVideo, a user's folder, the 3-D world): the clip's camera path is estimated in 3-D by a
+6-DoF estimator (`pose_estimator`, default "two_view": OpenCV two-view geometry, in a process pool of `workers`) and
+scored against the requested path, with the camera-control papers' RotErr / TransErr / CamMC beside it:
+`pose_reward` (what is read and returned) and `pose_score` (the formula and why its constants).
+
 cam_score measures geometry only (where and how large the content is); colour/shape fidelity and image
 quality are left to other rewards (e.g. `unifiedscore`).
 
@@ -207,8 +213,22 @@ def video_batch(videos, reward_name: str) -> torch.Tensor:
 
 def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs: Optional[dict] = None,
                    tau_translation: float = 2.0, tau_zoom: float = 0.1,
-                   acc_translation: float = 1.5, acc_zoom: float = 0.08):
-    """Reward fn scoring generated views (B, 3, H, W) in [0, 1] against metadata "source" and "camera"."""
+                   acc_translation: float = 1.5, acc_zoom: float = 0.08,
+                   pose_estimator: Union[str, Callable] = "two_view", pose_estimator_kwargs: Optional[dict] = None,
+                   workers: int = 1, tau_rot: float = 10.0, tau_dir: float = 20.0, tau_mag: float = 0.5,
+                   acc_rot_deg: float = 2.0, acc_dir_deg: float = 5.0, source_frame_weight: float = 0.0):
+    """Reward fn scoring generated views (B, 3, H, W) in [0, 1] against metadata "source" and "camera", and clips
+    (B, F, 3, H, W): the 2-D world's against "source_video" + "motions" (`estimator`, above), any other clip against
+    "cameras" + "intrinsics" in 3-D (`pose_estimator`, `workers`, tau_rot / tau_dir / tau_mag, acc_rot_deg /
+    acc_dir_deg, source_frame_weight: `pose_reward`)."""
+    from .pose_reward import PoseReward
+    from .pose_score import PoseScore
+
+    try:
+        pose_score = PoseScore(tau_rot=tau_rot, tau_dir=tau_dir, tau_mag=tau_mag)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    pose_reward = None  # built on the first clip batch that needs it (the 2-D worlds never load OpenCV)
     for name, v in (("tau_translation", tau_translation), ("tau_zoom", tau_zoom),
                     ("acc_translation", acc_translation), ("acc_zoom", acc_zoom)):
         if not (isinstance(v, (int, float)) and v > 0):
@@ -266,13 +286,20 @@ def make_cam_score(estimator: Union[str, Callable] = "moments", estimator_kwargs
         return scores, details
 
     def cam_score_video(videos, metadata):
-        """Clips (B, F, 3, H, W): every frame scored against its source frame and requested motion, then averaged."""
+        """Clips (B, F, 3, H, W): every frame scored against its source frame and requested motion, then averaged
+        (the 2-D world: items with "motions"), or the clip's 3-D camera path against "cameras" (pose_reward)."""
+        nonlocal pose_reward
         x = video_batch(videos, "cam_score")
         b, f, _, h, w = x.shape
         if metadata is None or len(metadata) != b:
             raise ValueError(f"cam_score needs one metadata dict per clip: {b} clips, "
                              f"{None if metadata is None else len(metadata)} metadata entries")
         ok_clip = finite_rows(x)
+        if b and not any(isinstance(m, dict) and "motions" in m for m in metadata):
+            if pose_reward is None:
+                pose_reward = PoseReward(pose_estimator, pose_estimator_kwargs, workers, pose_score, acc_rot_deg,
+                                         acc_dir_deg, source_frame_weight)
+            return pose_reward(x, metadata, ok_clip)
         ok = np.repeat(ok_clip, f)
         imgs = np.nan_to_num(x.numpy()).reshape(b * f, 3, h, w)
         req = np.concatenate([_motions(m, i, f) for i, m in enumerate(metadata)])

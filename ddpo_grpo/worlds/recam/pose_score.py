@@ -11,7 +11,8 @@ carries no information, so the per-frame terms are over frames j = 1 ... F'-1:
     dir_j  = angle between t_req,j and t_est,j (90 when the estimate has no translation)  (degrees)
              only where the request translates at frame j: |t_req,j| >= dir_min_fraction * max_k |t_req,k| and the
              path translates at all (max_k |t_req,k| >= min_translation, in the numbers' unit: metres)
-    mag_j  = | |t_req,j| / max_k |t_req,k|  -  |t_est,j| / max_k |t_est,k| |           (normalised magnitudes; 0/0 = 0)
+    mag_j  = | |t_req,j| / max_k |t_req,k|  -  |t_est,j| / max_k |t_est,k| |           (normalised magnitudes; 0/0 = 0;
+             the maxima over the frames the estimate measured)
              only where the path translates (a pure rotation's request has no magnitude to compare, and a monocular
              estimate's scale is arbitrary: its own normalisation is the only one it has)
     s_j    = exp(-rot_j / tau_rot) * exp(-dir_j / tau_dir) * exp(-mag_j / tau_mag)      in [0, 1]
@@ -119,8 +120,11 @@ class PoseScore:
         has_dir = translates & (n_req >= self.dir_min_fraction * path) & (n_req > 0)
         dir_deg = np.where(n_est > 0, np.degrees(vector_angle(t_req, t_est)), 90.0)
         dir_deg = np.where(has_dir, dir_deg, np.nan)
-        m_est = n_est / n_est.max() if n_est.max(initial=0.0) > 0 else np.zeros_like(n_est)
-        mag = np.abs(n_req / path - m_est) if translates else np.full_like(n_req, np.nan)
+        # magnitudes normalised over the frames measured in both (an unmeasured last frame must not rescale the rest)
+        req_max, est_max = n_req[measured].max(initial=0.0), n_est[measured].max(initial=0.0)
+        m_req = n_req / req_max if req_max > 0 else np.zeros_like(n_req)
+        m_est = n_est / est_max if est_max > 0 else np.zeros_like(n_est)
+        mag = np.abs(m_req - m_est) if translates else np.full_like(n_req, np.nan)
         s = (np.exp(-rot / self.tau_rot) * np.exp(-np.nan_to_num(dir_deg) / self.tau_dir)
              * np.exp(-np.nan_to_num(mag) / self.tau_mag))
         s = np.where(measured, s, 0.0)
