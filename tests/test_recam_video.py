@@ -259,7 +259,7 @@ def test_cam_score_video_non_finite_clip_is_nan(eval_items):
     assert np.isnan(det["translation_error"]).all()
     res = RewardComputer({"cam_score": 1.0})(clips, None, meta)  # the registry hands clips over whole
     assert res.valid.tolist() == [True, False] and res.details["cam_score/cam_score_frame08"].shape == (2,)
-    with pytest.raises(ValueError, match="motions"):
+    with pytest.raises(ValueError, match="cameras"):  # no 2-D motions: a real clip, read in 3-D (pose_reward)
         make_cam_score()(clips, None, [{"source_video": m["source_video"]} for m in meta])
 
 
