@@ -90,6 +90,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.eval_fraction = 0.1  # multicam: the share of scenes held out (a fixed draw)
     config.data.max_bad_fraction = 0.1  # multicam: more missing / damaged files than this stops before training
     config.data.cameras = "all"
+    # cam_score's intrinsics for clips whose folder does not give them (multicam: a scene outside an f18/f24/f35/f50
+    # focal folder; recam_folder: always): the horizontal field of view in degrees; 0 = none (a run with cam_score
+    # then stops before training, naming the scene)
+    config.data.fov_deg = 0.0
     config.data.split = "train"  # toyworld split for training conditions; eval uses "eval"
     # toyworld task mix, for the training and the held-out conditions alike: "mixed" (single-object and
     # two-object conditions, half the sampling mass each), "single" or "pair" (only those).

@@ -141,20 +141,50 @@ def test_damaged_and_missing_files_are_one_line_each(dataset, tmp_path):
     shutil.copytree(dataset, root)
     bad = root / "train" / "f18_aperture10" / "scene2" / "videos" / "cam02.mp4"
     bad.write_bytes(b"\x00not an mp4" * 50)
-    (root / "train" / "f18_aperture10" / "scene3" / "videos" / "cam01.mp4").unlink()  # missing: not listed, no pairs
+    missing = root / "train" / "f18_aperture10" / "scene3" / "videos" / "cam01.mp4"
+    missing.unlink()  # a partial download: camera_extrinsics.json lists cam01, its video is not there
     cams = root / "train" / "f18_aperture10" / "scene4" / "cameras" / "camera_extrinsics.json"
     extr = json.loads(cams.read_text())
     extr["frame40"]["cam03"] = "[1 0 0] [oops]"
     cams.write_text(json.dumps(extr))
     lines = []
     ds = MultiCamConditions(str(root), "all", num_frames=9, height=32, width=48, max_bad_fraction=0.5, log=lines.append)
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
     assert str(bad) in lines[0] and "damaged" in lines[0] and "\n" not in lines[0]
-    assert str(cams) in lines[1] and "frame40 cam03" in lines[1]
+    assert str(missing) in lines[1] and "missing (listed in" in lines[1] and "\n" not in lines[1]
+    assert str(cams) in lines[2] and "frame40 cam03" in lines[2]
     assert all(not (d.scenes[p][1].endswith("scene2") and 2 in (s, t)) for d in [ds] for p, s, t in ds.pairs)
     assert len(ds) == 6 + 2 + 2 + 2  # scene1 all 3 cameras, scenes 2-4 two each
-    with pytest.raises(ConfigError, match=r"2 of 11 videos / camera files .* e\.g\. .*cam02\.mp4"):
+    with pytest.raises(ConfigError, match=r"3 of 12 videos / camera files .* e\.g\. .*cam02\.mp4"):
         MultiCamConditions(str(root), "all", num_frames=9, height=32, width=48, max_bad_fraction=0.1, log=lines.append)
+
+
+def test_intrinsics_from_the_focal_folder_through_resize_and_crop(dataset, tmp_path):
+    """f18 on ReCamMaster's 23.76 mm sensor, a 56 x 40 video cover-resized to 48 x 34 and cropped to 48 x 32 (by
+    hand: fx = 18 / 23.76 * 56 * 48 / 56, fy = 18 / 23.76 * 56 * 34 / 40, the centre (27.5, 19.5) -> ((27.5 + .5) * 48
+    / 56 - .5, (19.5 + .5) * 34 / 40 - .5 - 1)); a scene outside a focal folder has none unless data.fov_deg gives
+    them, and a run with cam_score stops before training naming it."""
+    import shutil
+
+    from config import grpo
+    from ddpo_grpo.trainer.run.data import build_dataset
+    from ddpo_grpo.worlds.recam.multicam import MultiCamConditions
+
+    ds = MultiCamConditions(str(dataset), "all", num_frames=9, height=32, width=48)
+    k = ds[0]["intrinsics"]
+    f0 = 18 / 23.76 * 56
+    np.testing.assert_allclose(k, [f0 * 48 / 56, f0 * 34 / 40, 28 * 48 / 56 - .5, 20 * 34 / 40 - 1.5], rtol=1e-6)
+    assert ds.missing_intrinsics() == []
+    root = tmp_path / "plain"
+    shutil.copytree(dataset / "train" / "f18_aperture10", root / "train" / "renders")
+    cfg = grpo.get_config("recam_video_tiny")
+    cfg.data.name, cfg.data.root, cfg.data.eval_fraction = "multicam", str(root), 0.25
+    cfg.pretrained.height, cfg.pretrained.width = 32, 48
+    with pytest.raises(ConfigError, match=r"cam_score needs the clips' intrinsics.*renders/scene\d.*fov_deg"):
+        build_dataset(cfg, "train")
+    cfg.data.fov_deg = 90.0  # fx = 24 / tan(45 deg)
+    item = build_dataset(cfg, "train")[0]
+    np.testing.assert_allclose(item["intrinsics"], [24.0, 24.0, 23.5, 15.5], rtol=1e-6)
 
 
 def test_the_check_is_kept_per_process_and_between_runs_by_size_and_mtime(dataset, tmp_path, monkeypatch):
@@ -269,7 +299,7 @@ def test_trains_recam_video_tiny_non_square_on_multicam(dataset, tmp_path):
             "--config.save_freq=0", "--config.eval_freq=0", "--config.logging.wandb=False",
             "--config.logging.tensorboard=False", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1",
             "--config.sample.k=4", "--config.train.batch_size=4", "--config.train.gradient_accumulation_steps=1",
-            "--config.sample.num_steps=2", "--config.reward.fns={'jpeg_compressibility': 1.0}",
+            "--config.sample.num_steps=2",  # the recipe's own reward: cam_score, read in 3-D from the intrinsics
             "--config.sample.flow_grid=recammaster", "--config.sample.flow_shift=5.0",  # the trainer samples on it
             f"--config.logdir={tmp_path / 'logs'}", "--config.run_name=mc"]
     r = subprocess.run(args + ["--config.logging.debug_dump=True"], cwd=ROOT, env=cpu_env(), capture_output=True,

@@ -132,11 +132,18 @@ def build_dataset(config, split: str):
                     width=int(p.get("width", 0) or res or 832))
         if not d.get("root", ""):
             raise ConfigError(f"data.name={name!r} needs data.root=DIR")
+        fov = float(d.get("fov_deg", 0.0) or 0.0)
         if name == "multicam":  # split by scene: held-out scenes are never trained
             ds = MultiCamConditions(d.root, split, eval_fraction=float(d.get("eval_fraction", 0.1)),
-                                    max_bad_fraction=float(d.get("max_bad_fraction", 0.1)), **size)
+                                    max_bad_fraction=float(d.get("max_bad_fraction", 0.1)), fov_deg=fov, **size)
         else:
-            ds = RecamFolder(d.root, str(d.get("cameras", "all")), **size)
+            ds = RecamFolder(d.root, str(d.get("cameras", "all")), fov_deg=fov, **size)
+        lacking = ds.missing_intrinsics() if "cam_score" in dict(config.reward.get("fns", {}) or {}) else []
+        if lacking:  # before anything trains: cam_score reads the camera in 3-D through the clips' intrinsics
+            raise ConfigError(f"data.root {d.root!r}: cam_score needs the clips' intrinsics, and {lacking[0]}"
+                              f"{f' (and {len(lacking) - 1} more scenes)' if len(lacking) > 1 else ''} has none: "
+                              "MultiCamVideo's focal folders (f18/f24/f35/f50_aperture*) give them, else set "
+                              "data.fov_deg (the horizontal field of view, degrees)")
     else:
         raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file', 'recam', 'recam_video', "
                           "'multicam' or 'recam_folder'")

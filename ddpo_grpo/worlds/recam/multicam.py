@@ -42,9 +42,11 @@ import torch
 from ddpo_grpo.errors import ConfigError
 
 from .recammaster_cameras import CAM_TYPES, LATENT_STRIDE, NUM_POSE_FRAMES, latent_frames, pair_numbers
-from .video_io import cover_crop, read_video
+from .video_io import cover_crop, cover_crop_intrinsics, fov_intrinsics, read_video
 
 SPLITS = ("train", "eval", "all")
+SENSOR_WIDTH_MM = 23.76  # ReCamMaster's renders: a 23.76 mm wide sensor behind the folder's focal length
+FOCAL_FOLDER = re.compile(r"(?:^|[/\\])f(\d+(?:\.\d+)?)_aperture")  # MultiCamVideo: f18_aperture10, f24_..., f35, f50
 MAX_LINES = 20  # bad-file lines printed before a summary
 CLIP_CACHE = 32  # decoded clips kept (source clips recur across pairs)
 EXTRINSICS_CACHE = 16  # parsed camera files kept (read when a pair's numbers are asked for)
@@ -91,6 +93,15 @@ def find_scenes(root: str) -> List[str]:
         raise ConfigError(f"data.root {root!r} holds no MultiCamVideo scene (a folder with videos/cam01.mp4 ... and "
                           "cameras/camera_extrinsics.json)")
     return sorted(scenes, key=lambda s: os.path.relpath(s, top))
+
+
+def folder_focal_mm(scene: str) -> Optional[float]:
+    """The focal length (mm) a MultiCamVideo scene was rendered with, from its folder (.../f24_aperture5/sceneK), or
+    None when no folder on its path is named so."""
+    m = None
+    for m in FOCAL_FOLDER.finditer(os.path.normpath(scene)):
+        pass
+    return float(m.group(1)) if m else None
 
 
 def probe_video(path: str, needed: int) -> str:
@@ -153,6 +164,12 @@ def check_scene(scene: str, needed: int, num_latent: int, stride: int) -> Tuple[
     except (OSError, ValueError) as e:
         return None, [f"multicam: {cam_file}: {'missing' if isinstance(e, OSError) else 'damaged JSON'}"]
     good, bad = [], []
+    listed = sorted({int(m.group(1)) for frame in (extr.values() if isinstance(extr, dict) else [])
+                     if isinstance(frame, dict) for k in frame for m in [re.fullmatch(r"cam(\d+)", str(k))] if m})
+    for cam in listed:  # a partial download: the camera file lists it, its video is not there
+        if cam not in videos:
+            bad.append(f"multicam: {os.path.join(scene, 'videos', f'cam{cam:02d}.mp4')}: missing (listed in "
+                       f"{cam_file})")
     for cam, path in sorted(videos.items()):
         why = probe_video(path, needed)
         if not why:
@@ -227,7 +244,7 @@ class MultiCamConditions:
     """The (source, target) camera pairs of a MultiCamVideo folder's scenes in one split (module docstring)."""
 
     def __init__(self, root: str, split: str = "train", num_frames: int = 81, height: int = 480, width: int = 832,
-                 eval_fraction: float = 0.1, max_bad_fraction: float = 0.1, log=None):
+                 eval_fraction: float = 0.1, max_bad_fraction: float = 0.1, log=None, fov_deg: float = 0.0):
         if split not in SPLITS:
             raise ConfigError(f"unknown multicam split {split!r}; use one of {SPLITS}")
         if not 0 <= eval_fraction < 1 or not 0 <= max_bad_fraction <= 1:
@@ -269,6 +286,12 @@ class MultiCamConditions:
         self.captions = captions
         self.indices = [self.scenes[p][0] * 10000 + s * 100 + t for p, s, t in self.pairs]
         self._clips: "OrderedDict[str, np.ndarray]" = OrderedDict()
+        self._sizes: Dict[str, Tuple[int, int]] = {}  # each decoded video's own (h, w), for its intrinsics
+        # the cameras' intrinsics (cam_score reads them): the focal folder's lens on ReCamMaster's sensor, else
+        # data.fov_deg; scenes with neither are listed by missing_intrinsics() (the run stops when cam_score needs them)
+        self.fov_deg = float(fov_deg or 0.0)
+        self.focal_mm = {pos: folder_focal_mm(os.path.relpath(scene, root)) for pos, (_, scene, _, _) in
+                         enumerate(self.scenes)}
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -289,11 +312,33 @@ class MultiCamConditions:
         naming a file that fails to decode."""
         if path not in self._clips:
             frames = read_video(path, [self.stride * f for f in range(self.num_frames)], what="multicam video")
+            self._sizes[path] = frames.shape[1:3]
             self._clips[path] = cover_crop(frames, self.height, self.width)
             while len(self._clips) > CLIP_CACHE:
                 self._clips.popitem(last=False)
         self._clips.move_to_end(path)
         return self._clips[path]
+
+    def missing_intrinsics(self) -> List[str]:
+        """Scenes (relative paths) of this split whose cameras have no intrinsics: no focal folder, no data.fov_deg."""
+        used = sorted({pos for pos, _, _ in self.pairs})
+        return [os.path.relpath(self.scenes[p][1], self.root) for p in used
+                if self.focal_mm[p] is None and self.fov_deg <= 0]
+
+    def intrinsics(self, pos: int, path: str) -> Optional[np.ndarray]:
+        """float32 (fx, fy, cx, cy) in the clip's pixels of scene `pos`'s camera whose video is `path` (decoded), or
+        None (missing_intrinsics). The folder's lens: fx = focal / 23.76 mm * the video's width, square pixels, the
+        centre in the middle, then through the reader's resize and crop (video_io.cover_crop_intrinsics)."""
+        focal = self.focal_mm[pos]
+        if focal is not None:
+            h, w = self._sizes[path]
+            f = focal / SENSOR_WIDTH_MM * w
+            k = cover_crop_intrinsics((f, f, (w - 1) / 2.0, (h - 1) / 2.0), (h, w), self.height, self.width)
+        elif self.fov_deg > 0:
+            k = fov_intrinsics(self.fov_deg, self.height, self.width)
+        else:
+            return None
+        return np.asarray(k, dtype=np.float32)
 
     def __getitem__(self, i: int) -> Dict:
         if not -len(self) <= i < len(self):
@@ -301,10 +346,14 @@ class MultiCamConditions:
         i %= len(self)
         pos, s, t = self.pairs[i]
         _, scene, _, good = self.scenes[pos]
-        return {"index": self.indices[i], "prompt": self.prompt_at(i),
+        item = {"index": self.indices[i], "prompt": self.prompt_at(i),
                 "source_video": torch.from_numpy(self.clip(good[s]).copy()),
                 "cameras": torch.from_numpy(self.cameras(i)), "target_video": self.clip(good[t]).copy(),
                 "scene": os.path.relpath(scene, self.root), "source_cam": s, "target_cam": t}
+        k = self.intrinsics(pos, good[t])
+        if k is not None:
+            item["intrinsics"] = k
+        return item
 
 
 class RecamFolder:
@@ -313,7 +362,8 @@ class RecamFolder:
     ("1,2,5", names, or "all") or a .npy / .json (F', 12) file. Conditions: every video x every trajectory; index
     = row * 100 + cam_type (0 for a file). Items as MultiCamConditions' without a target video."""
 
-    def __init__(self, root: str, cameras: str = "all", num_frames: int = 81, height: int = 480, width: int = 832):
+    def __init__(self, root: str, cameras: str = "all", num_frames: int = 81, height: int = 480, width: int = 832,
+                 fov_deg: float = 0.0):
         from .recammaster_cameras import read_camera_file, trajectory_numbers
 
         meta = os.path.join(root, "metadata.csv")
@@ -341,6 +391,10 @@ class RecamFolder:
                 cam = next(k for k in CAM_TYPES if np.array_equal(trajectory_numbers(k, n_lat), nums))
                 self.trajs.append((cam, nums))
         self.items = [(r, c) for r in range(len(self.videos)) for c in range(len(self.trajs))]
+        # a user's videos say nothing of their lens: data.fov_deg (horizontal, degrees) gives cam_score's intrinsics
+        self.fov_deg = float(fov_deg or 0.0)
+        self.k = np.asarray(fov_intrinsics(self.fov_deg, self.height, self.width), np.float32) if self.fov_deg > 0 \
+            else None
         self.indices = [r * 100 + self.trajs[c][0] for r, c in self.items]
 
     def __len__(self) -> int:
@@ -356,5 +410,12 @@ class RecamFolder:
         r, c = self.items[i]
         path, text = self.videos[r]
         src = cover_crop(read_video(path, range(self.num_frames), what="recam_folder video"), self.height, self.width)
-        return {"index": self.indices[i], "prompt": text, "source_video": torch.from_numpy(src),
+        item = {"index": self.indices[i], "prompt": text, "source_video": torch.from_numpy(src),
                 "cameras": torch.from_numpy(self.trajs[c][1].copy()), "cam_type": self.trajs[c][0]}
+        if self.k is not None:
+            item["intrinsics"] = self.k.copy()
+        return item
+
+    def missing_intrinsics(self) -> List[str]:
+        """['data.fov_deg'] when the clips have no intrinsics (none set), else []."""
+        return [] if self.k is not None else ["data.fov_deg is not set"]

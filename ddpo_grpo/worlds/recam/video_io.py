@@ -66,6 +66,31 @@ def cover_crop(frames: np.ndarray, height: int, width: int) -> np.ndarray:
     return out
 
 
+def cover_crop_intrinsics(intrinsics, size, height: int, width: int) -> tuple:
+    """(fx, fy, cx, cy) of a video of `size` (h, w) px -> the same camera's after `cover_crop` to height x width
+    (OpenCV's convention, the top-left pixel's centre at (0, 0)): PIL's resize maps pixel-edge coordinates by
+    (nw / w, nh / h), so x' + 0.5 = (x + 0.5) * nw / w, then the crop shifts by (left, top)."""
+    fx, fy, cx, cy = (float(v) for v in intrinsics)
+    h, w = size
+    scale = max(width / w, height / h)
+    nh, nw = round(h * scale), round(w * scale)
+    top, left = int(round((nh - height) / 2.0)), int(round((nw - width) / 2.0))
+    sx, sy = nw / w, nh / h
+    return fx * sx, fy * sy, (cx + 0.5) * sx - 0.5 - left, (cy + 0.5) * sy - 0.5 - top
+
+
+def fov_intrinsics(fov_x_deg: float, height: int, width: int) -> tuple:
+    """(fx, fy, cx, cy) of an ideal pinhole with a horizontal field of view `fov_x_deg` filling height x width px
+    (square pixels, the principal point at the image centre: ((width - 1) / 2, (height - 1) / 2) in OpenCV's
+    convention)."""
+    import math
+
+    if not 0 < float(fov_x_deg) < 180:
+        raise ConfigError(f"a field of view must be in (0, 180) degrees, got {fov_x_deg!r}")
+    f = width / 2.0 / math.tan(math.radians(float(fov_x_deg)) / 2.0)
+    return f, f, (width - 1) / 2.0, (height - 1) / 2.0
+
+
 def write_video(path: str, frames, fps: int = 15) -> None:
     """Frames (F, 3, H, W) in [0, 1] (numpy or torch) as an H.264 mp4 (yuv420p: even sizes, padded by one row /
     column of edge pixels where odd)."""
