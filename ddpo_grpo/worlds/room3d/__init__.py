@@ -1,0 +1,9 @@
+"""room3d: a 3-D camera world for video. Procedural textured rooms in metres (`scene`), exact pinhole ray casting
+(`render`), ReCamMaster's ten trajectories and random ones of the same kinds as 3-D camera paths (`paths`), the
+condition dataset (`data`) and the world's own exact camera estimator (`estimator`). docs/recam.md, section
+"The 3-D camera world (room3d)", tells the story."""
+from .render import DEFAULT_FOV_X_DEG, intrinsics, render_clip, render_view, render_view_depth
+from .scene import Scene, make_scene, source_pose
+
+__all__ = ["DEFAULT_FOV_X_DEG", "Scene", "intrinsics", "make_scene", "render_clip", "render_view",
+           "render_view_depth", "source_pose"]
