@@ -84,3 +84,94 @@ def test_scenes_have_3_to_6_named_objects():
         assert 3 <= len(s.objects) <= 6
         assert s.describe().startswith("a room with ")
         assert len({o.colour for o in s.objects}) == len(s.objects)
+
+
+# ---------------------------------------------------------------- paths
+from ddpo_grpo.worlds.recam.recammaster_cameras import trajectory_numbers  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import (  # noqa: E402
+    RANDOM_KINDS, clip_cameras, preset_path, random_motion, random_path, so3_log, static_path,
+)
+from ddpo_grpo.worlds.room3d.scene import ROOM_HI, ROOM_LO, clear_of_objects  # noqa: E402
+
+
+def angle_deg(r):
+    return np.degrees(np.arccos(np.clip((np.trace(r) - 1) / 2, -1, 1)))
+
+
+@pytest.mark.parametrize("num_frames", [9, 17, 81])
+def test_preset_paths_equal_the_trajectory_numbers_at_latent_frames(num_frames):
+    n_lat = (num_frames - 1) // 4 + 1
+    for cam in range(1, 11):
+        path = preset_path(cam, num_frames)
+        assert path.shape == (num_frames, 4, 4)
+        np.testing.assert_array_equal(path[0], np.eye(4))
+        want = trajectory_numbers(cam, n_lat).astype(np.float64)
+        np.testing.assert_allclose(path[::4, :3, :].reshape(n_lat, 12), want, atol=1e-12, rtol=0)
+        np.testing.assert_allclose(clip_cameras(path), want, atol=1e-6, rtol=0)
+        # in between: on the geodesic, half-way at frame 4j + 2 (constant-speed presets)
+        if num_frames == 9:
+            mid = path[2]
+            # (the float32 numbers are orthonormal to ~1e-7: angles agree to 1e-3 deg)
+            np.testing.assert_allclose(angle_deg(mid[:3, :3]), angle_deg(path[4, :3, :3]) / 2, atol=1e-3)
+            np.testing.assert_allclose(mid[:3, 3], path[4, :3, 3] / 2, atol=1e-9)
+
+
+def test_mirror_of_pan_right_is_pan_left_and_of_arc_left_is_arc_right():
+    """Checked against the JSON's own cam_type 2 and 10 (ReCamMaster's numbers, not a reflection of ours)."""
+    np.testing.assert_allclose(clip_cameras(preset_path(1, 81, mirror=True)), trajectory_numbers(2), atol=1e-6)
+    np.testing.assert_allclose(clip_cameras(preset_path(9, 81, mirror=True)), trajectory_numbers(10), atol=1e-6)
+    # a tilt has no left or right: its mirror is itself
+    np.testing.assert_allclose(clip_cameras(preset_path(3, 17, mirror=True)), clip_cameras(preset_path(3, 17)),
+                               atol=1e-6)
+
+
+def test_amplitude_scales_angle_and_translation():
+    for cam, full_deg in ((1, 19.88), (9, 29.83)):
+        full, half = preset_path(cam, 81), preset_path(cam, 81, amplitude=0.5)
+        assert abs(angle_deg(full[-1, :3, :3]) - full_deg) < 0.05
+        # the float32 numbers are orthonormal to ~1e-7, so their trace-read angle is good to ~1e-5 deg
+        np.testing.assert_allclose(angle_deg(half[-1, :3, :3]), angle_deg(full[-1, :3, :3]) / 2, atol=1e-4)
+        np.testing.assert_allclose(half[-1, :3, 3], full[-1, :3, 3] / 2, atol=1e-9)
+        # the same axis
+        a, b = so3_log(full[-1, :3, :3]), so3_log(half[-1, :3, :3])
+        np.testing.assert_allclose(b, a / 2, atol=1e-9)
+
+
+def test_clip_cameras_round_trip_and_relative_to_frame_0():
+    rng = np.random.default_rng(0)
+    path = random_path(rng, "arc", 17)
+    nums = clip_cameras(path)
+    assert nums.shape == (5, 12) and nums.dtype == np.float32
+    np.testing.assert_allclose(nums[0], np.eye(4)[:3].reshape(12), atol=1e-7)
+    np.testing.assert_allclose(nums.reshape(5, 3, 4), path[::4, :3, :], atol=1e-6)
+    # a path not starting at identity: the numbers are relative to its frame 0
+    g = np.eye(4)
+    g[:3, :3], g[:3, 3] = rot_y(30) @ rot_x(5), [1.0, -0.2, 0.5]
+    np.testing.assert_allclose(clip_cameras(g @ path), nums, atol=1e-5)
+    np.testing.assert_array_equal(static_path(9), np.tile(np.eye(4), (9, 1, 1)))
+
+
+def test_every_camera_stays_inside_the_room_and_clear_of_the_objects():
+    rng = np.random.default_rng(0)
+    for seed in range(30):
+        scene = make_scene(seed)
+        src = source_pose(scene)
+        paths = [preset_path(c, 17) for c in range(1, 11)] + [preset_path(c, 17, mirror=True) for c in (1, 9)]
+        paths += [random_path(rng, k, 17) for k in RANDOM_KINDS for _ in range(4)]
+        for p in paths:
+            pos = (src @ p)[:, :3, 3]
+            assert (pos > ROOM_LO + 0.3).all() and (pos < ROOM_HI - 0.3).all()
+            assert clear_of_objects(scene, pos, 0.3).all()
+
+
+def test_random_paths_have_the_stated_ranges():
+    rng = np.random.default_rng(1)
+    for kind, lo, hi in (("pan", 5, 45), ("tilt", 5, 30), ("arc", 15, 75)):
+        for _ in range(20):
+            path, name = random_motion(rng, kind, 9)
+            assert lo - 1e-6 <= angle_deg(path[-1, :3, :3]) <= hi + 1e-6
+            assert name.split()[0] == kind
+    for _ in range(20):
+        path, name = random_motion(rng, "dolly", 9)
+        assert 1.0 <= abs(path[-1, 2, 3]) <= 2.5 and name in ("zoom in", "zoom out")
+        assert (path[-1, 2, 3] > 0) == (name == "zoom in")
