@@ -4,6 +4,7 @@ scripts/bench_gpu.py decides the points (its grid, the GPU check's builds) and w
 from __future__ import annotations
 
 import gc
+import importlib
 import tempfile
 import time
 
@@ -48,10 +49,83 @@ def _is_number(v) -> bool:
     return not isinstance(v, str)
 
 
+class _Denoiser:
+    """The rows of every denoiser call in this process's epochs (a forward pre-hook on ctx.unet: x's batch dimension,
+    CFG's doubled batch included) by phase, and the seconds of the rescore pass (rescoring.rescore_old_logprobs,
+    wrapped where the epoch modules call it; device-synchronised at both ends). Phases: "sampling", and in training
+    "rescore" (its calls), "train_grad" (calls with autograd on: the update's forward + backward) and "train_nograd"
+    (the rest without autograd: the KL reference, the policy-shift probe). Counted calls are MFU's rows, whatever
+    the trainer's call plan is (a re-score on some epochs only, a probe, a reference)."""
+
+    def __init__(self, unet, device: str):
+        import torch
+
+        self.device, self.phase, self.in_rescore = device, "sampling", 0
+        self.rows: dict = {}
+        self.rescore_s = 0.0
+        self.rescore_calls = 0
+        self._hook = unet.register_forward_pre_hook(self._count)
+        self._patched = []
+        for name in ("training", "rescoring"):  # where the trainer calls it from (a from-import binds it in each)
+            module = importlib.import_module(f"ddpo_grpo.trainer.epoch.{name}")
+            fn = getattr(module, "rescore_old_logprobs", None)
+            if fn is not None:
+                self._patched.append((module, fn))
+                setattr(module, "rescore_old_logprobs", self._timed(fn))
+        self._torch = torch
+
+    def _count(self, module, args):
+        x = args[0] if args else None
+        n = int(x.shape[0]) if hasattr(x, "shape") and len(x.shape) else 0
+        if self.phase == "training":
+            key = "rescore" if self.in_rescore else (
+                "train_grad" if self._torch.is_grad_enabled() else "train_nograd")
+        else:
+            key = self.phase
+        self.rows[key] = self.rows.get(key, 0) + n
+
+    def _timed(self, fn):
+        from benchmarks.bench_floor import _sync
+
+        def wrapper(*a, **kw):
+            if self.in_rescore:  # (one wrapper calling through another: timed once)
+                return fn(*a, **kw)
+            _sync(self.device)
+            t0 = time.perf_counter()
+            self.in_rescore += 1
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.in_rescore -= 1
+                _sync(self.device)
+                self.rescore_s += time.perf_counter() - t0
+                self.rescore_calls += 1
+        return wrapper
+
+    def start_epoch(self) -> None:
+        self.rows, self.rescore_s, self.rescore_calls = {}, 0.0, 0
+
+    def close(self) -> None:
+        self._hook.remove()
+        for module, fn in self._patched:
+            setattr(module, "rescore_old_logprobs", fn)
+
+
+def _peaks(device: str) -> tuple:
+    """(max allocated, max reserved) MiB since the last reset; (None, None) off CUDA."""
+    if device != "cuda":
+        return None, None
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20, torch.cuda.max_memory_reserved() / 2**20
+
+
 def trainer_epoch(config, device: str) -> dict:
-    """One warm-up epoch and one timed epoch of the real trainer in this process: phase seconds, peak memory and the
-    rows the denoiser ran (sampling: batches x steps x B, doubled by CFG; training: the call plan's sample-steps,
-    doubled by CFG training, and as many reference forwards when train.beta > 0)."""
+    """One warm-up epoch and one timed epoch of the real trainer in this process: phase seconds (the rescore pass's
+    within training), peak memory per phase (allocated and reserved) and the rows the denoiser ran, counted per
+    phase on its calls (_Denoiser) and, as before, from the config (sampling: batches x steps x B, doubled by CFG;
+    training: the call plan's sample-steps, doubled by CFG training, and as many reference forwards when
+    train.beta > 0)."""
     import torch
     from accelerate import Accelerator
 
@@ -61,42 +135,58 @@ def trainer_epoch(config, device: str) -> dict:
     from ddpo_grpo.trainer.run.build import build_context
 
     acc = Accelerator(cpu=device == "cpu", mixed_precision=config.mixed_precision)
-    out, epochs = {}, []
+    out, epochs, timings = {}, [], []
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)
-        for epoch in range(2):
-            if device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            ctx.stat_tracker.clear()
-            _sync(device)
-            t0 = time.perf_counter()
-            samples = sampling.sample_epoch(ctx, epoch)
-            rewards = collect_rewards(samples.reward_futures, acc)
-            _sync(device)
-            t1 = time.perf_counter()
-            if device == "cuda":  # the sampling phase's peak (decode included), then the training phase's alone
-                sampling_peak = torch.cuda.max_memory_allocated() / 2**20
-                torch.cuda.reset_peak_memory_stats()
-            adv = advantages.compute_advantages(acc, ctx.stat_tracker, samples.keys, torch.from_numpy(rewards.avg),
-                                                torch.from_numpy(rewards.valid), config.train.max_invalid_fraction)
-            t2 = time.perf_counter()
-            metrics = training.train_epoch(ctx, samples, adv, epoch) or {}
-            _sync(device)
-            t3 = time.perf_counter()
-            epochs.append({k: float(v) for k, v in metrics.items() if _is_number(v)})
-            out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0, "samples": int(len(samples.keys))}
+        counter = _Denoiser(ctx.unet, device)
+        try:
+            for epoch in range(2):
+                if device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                ctx.stat_tracker.clear()
+                counter.start_epoch()
+                counter.phase = "sampling"
+                _sync(device)
+                t0 = time.perf_counter()
+                samples = sampling.sample_epoch(ctx, epoch)
+                rewards = collect_rewards(samples.reward_futures, acc)
+                _sync(device)
+                t1 = time.perf_counter()
+                sampling_peak = _peaks(device)  # the sampling phase's (decode included); then training's alone
+                if device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                adv = advantages.compute_advantages(acc, ctx.stat_tracker, samples.keys,
+                                                    torch.from_numpy(rewards.avg), torch.from_numpy(rewards.valid),
+                                                    config.train.max_invalid_fraction)
+                counter.phase = "training"
+                t2 = time.perf_counter()
+                metrics = training.train_epoch(ctx, samples, adv, epoch) or {}
+                _sync(device)
+                t3 = time.perf_counter()
+                training_peak = _peaks(device)
+                epochs.append({k: float(v) for k, v in metrics.items() if _is_number(v)})
+                out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0,
+                       "samples": int(len(samples.keys)),
+                       "rescore_s": counter.rescore_s if counter._patched else None,
+                       "rescore_calls": counter.rescore_calls, "rows": dict(counter.rows)}
+                if device == "cuda":  # the epoch's peak is the larger phase's (what the memory plan adds up)
+                    out.update(cuda_peak_sampling_mb=sampling_peak[0], cuda_peak_training_mb=training_peak[0],
+                               cuda_reserved_sampling_mb=sampling_peak[1], cuda_reserved_training_mb=training_peak[1])
+                timings.append({k: out[k] for k in ("sampling_s", "training_s", "epoch_s", "rescore_s")})
+        finally:
+            counter.close()
+        out["epochs_s"] = timings  # [warm-up, timed]: each phase's seconds
         # the on-policy deviation and the sampler gap over both epochs (the warm-up's first calls count too); a key
         # train_epoch does not return (an older trainer) is None, printed "-"
         worst = lambda key: max((e[key] for e in epochs if key in e), default=None)  # noqa: E731
         out.update(onpolicy_ratio_max_dev=worst("onpolicy_ratio_max_dev"), sampler_gap_max=worst("sampler_gap_max"),
                    sampler_gap_mean=epochs[-1].get("sampler_gap_mean"), metrics=epochs,
                    startup={k: v for k, v in ctx.startup.items() if not k.endswith("_at")})
-        if device == "cuda":  # the epoch's peak is the larger phase's (what the memory plan adds up)
-            out["cuda_peak_training_mb"] = torch.cuda.max_memory_allocated() / 2**20
-            out["cuda_peak_sampling_mb"] = sampling_peak
-            out["cuda_peak_mb"] = max(sampling_peak, out["cuda_peak_training_mb"])
+        if device == "cuda":
+            out["cuda_peak_mb"] = max(out["cuda_peak_sampling_mb"], out["cuda_peak_training_mb"])
+            out["cuda_reserved_mb"] = max(out["cuda_reserved_sampling_mb"], out["cuda_reserved_training_mb"])
         else:
-            out["cuda_peak_mb"] = None
+            out["cuda_peak_mb"] = out["cuda_reserved_mb"] = None
         s, t = config.sample, config.train
         cfg = float(s.guidance_scale) != 1.0
         out["sampling_rows"] = int(s.num_batches_per_epoch) * int(s.num_steps) * int(s.batch_size) * (2 if cfg else 1)
@@ -144,13 +234,16 @@ def measure(args, config, model: str, B: int, cfg: bool, mode: str, switch: str)
         import traceback
 
         row["traceback"] = traceback.format_exc()[-2000:]  # where it failed: the row is all a killed run keeps
-        return row
     finally:
-        gc.collect()
-        torch.cuda.empty_cache() if args.device == "cuda" else None
+        released = release(args.device)
+        if released:  # (after a sticky CUDA error every CUDA call raises it again: said, never raised over the row)
+            row["release_error"] = released
+    if "error" in row:
+        return row
     row.update({
         "epoch_s": tr["epoch_s"], "samples_per_s": tr["samples"] / tr["sampling_s"],
         "train_steps_per_s": tr["train_sample_steps"] / tr["training_s"], "peak_mem_mb": tr["cuda_peak_mb"],
+        "reserved_mem_mb": tr.get("cuda_reserved_mb"),
         "onpolicy_ratio_max_dev": tr["onpolicy_ratio_max_dev"], "sampler_gap_max": tr["sampler_gap_max"],
         "sampler_gap_mean": tr["sampler_gap_mean"], "startup": tr["startup"], "trainer": tr,
     })
@@ -167,10 +260,40 @@ def measure(args, config, model: str, B: int, cfg: bool, mode: str, switch: str)
     return row
 
 
+def release(device: str) -> str:
+    """gc and CUDA's cache emptied around a point; "" or the error that raised. After a sticky CUDA error (an
+    illegal memory access: FLUX's first GPU check) every later CUDA call raises it again, empty_cache included: in
+    measure's `finally` that replaced the point's error row by a traceback, and the row was lost."""
+    try:
+        gc.collect()
+        if device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the row comes first
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    return ""
+
+
 def mfu(row: dict, peak_tflops: float) -> dict:
-    """MFU of sampling and training: the denoiser FLOPs of the epoch's calls (count_flops' per-row counts times the
-    rows trainer_epoch ran) per second over the GPU's peak."""
+    """MFU of sampling and training over the GPU's peak, FLOPs and seconds on the same footing: count_flops' per-row
+    FLOPs times the rows the denoiser ran in the phase whose seconds divide them. Where trainer_epoch counted the
+    calls ("rows": every call of the phase, _Denoiser), training is every training-phase call (the update's forward +
+    backward rows at flops_train_row; the rescore pass's, the reference's and the probes' forwards at flops_fwd_row)
+    over the whole training phase ("mfu_training"), and the update alone over the training phase less the rescore's
+    seconds ("mfu_update"). A row without counted calls (an older run) uses the config's rows: training then counts
+    the update and the reference only, over a time that includes the rescore (the first H100 table's "MFU train")."""
     tr, peak = row["trainer"], peak_tflops * 1e12
-    train_flops = tr["train_rows"] * row["flops_train_row"] + tr["reference_rows"] * row["flops_fwd_row"]
-    return {"mfu_sampling": row["flops_fwd_row"] * tr["sampling_rows"] / tr["sampling_s"] / peak,
-            "mfu_training": train_flops / tr["training_s"] / peak}
+    fwd, train = row["flops_fwd_row"], row["flops_train_row"]
+    rows = tr.get("rows")
+    if not rows:
+        train_flops = tr["train_rows"] * train + tr["reference_rows"] * fwd
+        return {"mfu_sampling": fwd * tr["sampling_rows"] / tr["sampling_s"] / peak,
+                "mfu_training": train_flops / tr["training_s"] / peak}
+    update = rows.get("train_grad", 0) * train + rows.get("train_nograd", 0) * fwd
+    out = {"mfu_sampling": fwd * rows.get("sampling", 0) / tr["sampling_s"] / peak,
+           "mfu_training": (update + rows.get("rescore", 0) * fwd) / tr["training_s"] / peak}
+    update_s = tr["training_s"] - (tr.get("rescore_s") or 0.0)
+    if tr.get("rescore_s") is not None and update_s > 0:
+        out["mfu_update"] = update / update_s / peak
+    return out

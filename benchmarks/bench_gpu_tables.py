@@ -1,13 +1,16 @@
 """The tables scripts/bench_gpu.py prints: one markdown row per measured point (`table`), and gpu_check.sh's table
-over the rows of bench_gpu.jsonl and the meta-device counts (`print_check_table`: time to first sample and its
-phases, s/epoch, samples/s, training steps/s, MFU, peak against the memory plan, worst |r - 1| against its tolerance,
-the sampler gap), whose exit status says whether every build finished on-policy."""
+over the rows of bench_gpu.jsonl and the meta-device counts (`print_check_table`: per build the time to first sample
+and its phases, warm-up and timed s/epoch, sampling and training seconds and peaks, the rescore's seconds and share,
+samples/s, MFU, peaks allocated / reserved against the plan, worst |r - 1| against its tolerance, the sampler gap and
+a status naming a failure's cause), whose exit status says whether every build finished on-policy. It always
+prints: rows are read by benchmarks/gpu_check_rows.py, which skips what it cannot read."""
 from __future__ import annotations
 
 import json
 import os
 
 from benchmarks.bench_gpu_point import mfu
+from benchmarks.gpu_check_rows import latest_rows, read_rows, row_cause
 
 
 def table(points) -> str:
@@ -38,56 +41,102 @@ def _fmt(v, fmt=".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def print_check_table(args) -> int:
-    """gpu_check.sh's table over --table's rows (the last row of each build) and --counts' plans and FLOPs: one line
-    per --expect build, in that order. Returns 1 when a build has no row (killed by its time-out or crashed before
-    writing one: gpu_check.sh adds a row saying which), an error, or |r - 1| above its tolerance; else 0."""
-    rows = {}
-    if os.path.isfile(args.table):
-        with open(args.table) as f:
-            for line in f:
-                if line.strip():
-                    r = json.loads(line)
-                    rows[r["model"]] = r
-    counts = {}
-    if args.counts and os.path.isfile(args.counts):
-        with open(args.counts) as f:
-            counts = json.load(f)
-    expect = [m for m in args.expect.split(",") if m] or list(rows)
+# ---- gpu_check.sh's table
+
+HEAD = ("| build | B x steps | first sample s (load / move / embed / 1st step) | s/epoch warm-up / timed | "
+        "sampling s (peak GiB alloc / reserved) | training s (peak GiB alloc / reserved) | rescore s (share of "
+        "training) | samples/s | MFU sample / train (update alone) | peak GiB alloc / reserved / plan | "
+        "worst \\|r-1\\| (tol) | sampler gap max / mean | status |")
+
+
+def _cell(s) -> str:
+    return str(s).replace("\n", " ").replace("\r", " ").replace("|", "\\|")
+
+
+def _cells(r: dict, c: dict, peak_tflops: float) -> tuple:
+    """(the row's cells after the build's name, whether it counts as failed)."""
     num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-    lines = ["| build | B x steps | first sample s (load / move / embed / 1st step) | s/epoch | samples/s | "
-             "train steps/s | MFU sample / train | peak / plan GiB | worst \\|r-1\\| (tol) | sampler gap max / mean |",
-             "|---" * 10 + "|"]
+    gib = lambda mb: None if mb is None else mb / 1024  # noqa: E731
+    tr = r.get("trainer") or {}
+    if "error" not in r and "flops_fwd_row" in c and "flops_fwd_row" not in r and tr.get("sampling_s"):
+        r = dict(r, **c)
+        r.update(mfu(r, peak_tflops))
+    st = r.get("startup") or {}
+    first = (f"{num(st.get('total_s'), '.1f')} ({num(st.get('load_s'), '.1f')} / {num(st.get('move_s'), '.1f')}"
+             f" / {num(st.get('embeddings_s'), '.1f')} / {num(st.get('first_step_s'), '.1f')})")
+    eps = tr.get("epochs_s") or []
+    warm = eps[0].get("epoch_s") if len(eps) > 1 else None
+    sampling = (f"{num(tr.get('sampling_s'), '.1f')} ({num(gib(tr.get('cuda_peak_sampling_mb')), '.1f')} / "
+                f"{num(gib(tr.get('cuda_reserved_sampling_mb')), '.1f')})")
+    training = (f"{num(tr.get('training_s'), '.1f')} ({num(gib(tr.get('cuda_peak_training_mb')), '.1f')} / "
+                f"{num(gib(tr.get('cuda_reserved_training_mb')), '.1f')})")
+    rs, ts = tr.get("rescore_s"), tr.get("training_s")
+    rescore = "-" if rs is None else f"{rs:.1f} ({100 * rs / ts:.0f} %)" if ts else f"{rs:.1f}"
+    warm_rs = eps[0].get("rescore_s") if len(eps) > 1 else None
+    if rs is not None and not rs and warm_rs:  # re-scored in the warm-up only (train.old_logprobs auto)
+        rescore += f"; warm-up {warm_rs:.1f}"
+    mfu_cell = (f"{num(r.get('mfu_sampling'), '.3f')} / {num(r.get('mfu_training'), '.3f')}"
+                + (f" ({r['mfu_update']:.3f})" if r.get("mfu_update") is not None else ""))
+    peaks = (f"{num(gib(r.get('peak_mem_mb')), '.1f')} / {num(gib(r.get('reserved_mem_mb')), '.1f')} / "
+             f"{num(c.get('plan_gib'), '.1f')}")
+    dev, tol = r.get("onpolicy_ratio_max_dev"), r.get("onpolicy_tol")
+    over = dev is not None and tol is not None and dev > tol
+    failed = "error" in r
+    if failed:
+        cause, detail = row_cause(r)
+        status = f"FAILED ({cause}): {detail}"
+    else:
+        status = "OVER tolerance" if over else "ok"
+    if r.get("exit_after_row"):
+        status += f"; then {r['exit_after_row']}"
+    cells = (f"{r.get('batch_size', '-')} x {r.get('num_steps', '-')}", first,
+             f"{num(warm, '.1f')} / {num(r.get('epoch_s'), '.1f')}", sampling, training, rescore,
+             num(r.get("samples_per_s"), ".2f"), mfu_cell, peaks,
+             f"{num(dev, '.1e')} ({num(tol, '.0e')})" + (" OVER" if over else ""),
+             f"{num(r.get('sampler_gap_max'), '.1e')} / {num(r.get('sampler_gap_mean'), '.1e')}", status)
+    return cells, failed or over
+
+
+def print_check_table(args) -> int:
+    """gpu_check.sh's table over --table's rows (the last row of each build, its annotations merged) and --counts'
+    plans and FLOPs: one line per --expect build, in that order, then any --show build with a row from an earlier
+    run (gpu_check.sh --only keeps the others' rows). A row that cannot be formatted, an unreadable JSON line or
+    counts file is said, never raised: the table always prints. Returns 1 when an --expect build has no row, an
+    error, or |r - 1| above its tolerance; else 0."""
+    rows, unreadable = read_rows(args.table)
+    rows = latest_rows(rows)
+    counts, notes = {}, []
+    if args.counts and os.path.isfile(args.counts):
+        try:
+            with open(args.counts) as f:
+                counts = json.load(f)
+        except ValueError as e:
+            notes.append(f"counts unreadable ({e}): MFU and plan '-'")
+    if unreadable:
+        notes.append(f"{unreadable} line(s) of {os.path.basename(args.table)} unreadable, skipped")
+    expect = [m for m in args.expect.split(",") if m] or list(rows)
+    shown = expect + [m for m in getattr(args, "show", "").split(",") if m and m not in expect and m in rows]
+    lines = [HEAD, "|---" * HEAD.count(" | ") + "|---|"]
     bad = []
-    for m in expect:
+    for m in shown:
         r = rows.get(m)
-        if r is None or "error" in r:
-            why = "no row" if r is None else r["error"]
-            lines.append(f"| {m} | FAILED: {why} |" + " |" * 8)
+        if r is None:
+            r = {"model": m, "error": "no row: the build wrote none and gpu_check.sh could not add one",
+                 "cause": "no row"}
+        try:
+            cells, failed = _cells(r, counts.get(m, {}), args.peak_tflops)
+        except Exception as e:  # noqa: BLE001 - one odd row must not cost the table
+            cells, failed = ("-",) * 11 + (f"FAILED (row unreadable): {type(e).__name__}: {e}",), True
+        if m not in expect:
+            cells = cells[:-1] + (f"{cells[-1]} (earlier run: {r.get('date', '?')})",)
+        elif failed:
             bad.append(m)
-            continue
-        c = counts.get(m, {})
-        if "flops_fwd_row" in c and "flops_fwd_row" not in r:
-            r.update(c)
-            r.update(mfu(r, args.peak_tflops))
-        st = r.get("startup") or {}
-        first = (f"{num(st.get('total_s'), '.1f')} ({num(st.get('load_s'), '.1f')} / {num(st.get('move_s'), '.1f')}"
-                 f" / {num(st.get('embeddings_s'), '.1f')} / {num(st.get('first_step_s'), '.1f')})")
-        peak = None if r.get("peak_mem_mb") is None else r["peak_mem_mb"] / 1024
-        dev, tol = r.get("onpolicy_ratio_max_dev"), r.get("onpolicy_tol")
-        over = dev is not None and tol is not None and dev > tol
-        if over:
-            bad.append(m)
-        lines.append(
-            f"| {m} | {r['batch_size']} x {r['num_steps']} | {first} | {num(r.get('epoch_s'), '.1f')} | "
-            f"{num(r.get('samples_per_s'), '.2f')} | {num(r.get('train_steps_per_s'), '.1f')} | "
-            f"{num(r.get('mfu_sampling'), '.3f')} / {num(r.get('mfu_training'), '.3f')} | "
-            f"{num(peak, '.1f')} / {num(c.get('plan_gib'), '.1f')} | {num(dev, '.1e')} ({num(tol, '.0e')})"
-            f"{' OVER' if over else ''} | {num(r.get('sampler_gap_max'), '.1e')} / "
-            f"{num(r.get('sampler_gap_mean'), '.1e')} |")
-    any_row = next(iter(rows.values()), {})
-    print(f"{any_row.get('gpu') or 'cpu'}, torch {any_row.get('torch', '?')}, {any_row.get('date', '?')}")
+        lines.append("| " + " | ".join(_cell(x) for x in (m,) + tuple(cells)) + " |")
+    stamp = next((r for r in rows.values() if r.get("gpu")), next(iter(rows.values()), {}))
+    print(f"{stamp.get('gpu') or 'cpu'}, torch {stamp.get('torch', '?')}, {stamp.get('date', '?')}")
     print("\n".join(lines))
+    for note in notes:
+        print(f"note: {note}")
     if bad:
         print(f"gpu check: {len(bad)} of {len(expect)} builds failed or off-policy: {', '.join(bad)}")
     return 1 if bad else 0

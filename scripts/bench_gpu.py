@@ -42,6 +42,8 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_gpu_point import count_flops, measure  # noqa: E402  (one point, measured)
 from benchmarks.bench_gpu_tables import print_check_table, table  # noqa: E402,F401  (the tables it prints)
+from benchmarks.gpu_check_rows import (SIMULATED_KINDS, build_result, simulate, simulated_counts,  # noqa: E402
+                                       simulated_kind)
 
 SWITCHES = {  # name -> config overrides, measured one at a time against the baseline point
     "attention_math": {"unet_attention": "math"}, "channels_last": {"channels_last": True},
@@ -291,6 +293,21 @@ def parse(argv):
                     "(1 when an --expect build has no row, an error or |r - 1| over its tolerance)")
     ap.add_argument("--counts", default="", help="with --table: --counts-out's file (MFU, plan)")
     ap.add_argument("--expect", default="", help="with --table: comma list of the builds that must have a row")
+    ap.add_argument("--show", default="", help="with --table: comma list of builds also shown where they have a row")
+    ap.add_argument("--build-result", default="", metavar="MODEL", help="gpu_check.sh, after MODEL's process: "
+                    "write its row into --table's file unless it wrote one (the cause from --rc and --log)")
+    ap.add_argument("--rc", type=int, default=0, help="with --build-result: the build's exit status")
+    ap.add_argument("--log", default="", help="with --build-result: the build's log (stdout and stderr)")
+    ap.add_argument("--limit", type=float, default=0, help="with --build-result: its time-out, s")
+    ap.add_argument("--elapsed", type=float, default=0, help="with --build-result: its wall time, s")
+    ap.add_argument("--since-line", type=int, default=0, help="with --build-result: rows from this line on are "
+                    "this attempt's")
+    ap.add_argument("--kill-after", type=float, default=5, help="with --build-result: timeout -k's seconds")
+    ap.add_argument("--interrupted", action="store_true", help="with --build-result: gpu_check.sh was stopped")
+    ap.add_argument("--not-run", default="", help="with --build-result: why the build did not run")
+    ap.add_argument("--simulate", action="store_true", help="gpu_check.sh --simulate: with --gpu-check --model, "
+                    "act out how that build ends (GPU_CHECK_SIMULATE='model=kind,...' or the default, one kind "
+                    f"per build: {', '.join(SIMULATED_KINDS)}); with --dry-run --counts-out, made-up counts")
     args = ap.parse_args(argv)
     args.count = not args.gpu_check
     if args.model not in MODELS:
@@ -307,13 +324,37 @@ def parse(argv):
     return args
 
 
+def simulated(args) -> int:
+    """gpu_check.sh --simulate's processes: the counts file, or one build acting out its kind (gpu_check_rows)."""
+    if args.dry_run:
+        with open(args.counts_out or os.devnull, "w") as f:
+            json.dump(simulated_counts(list(GPU_CHECK)), f, indent=1)
+        return 0
+    kind = simulated_kind(args.model)
+    if kind not in SIMULATED_KINDS:
+        fail(f"GPU_CHECK_SIMULATE: {args.model}={kind}; choose from {', '.join(SIMULATED_KINDS)}")
+    return simulate(kind, args.model, args.out, args)
+
+
 def main(argv=None) -> None:
     args = parse(argv)
-    if args.list_gpu_check:
-        print("\n".join(f"{m} {GPU_CHECK[m][0]}" for m in GPU_CHECK))
+    if args.list_gpu_check:  # (--simulate: 3 s for the stand-ins that hang, time enough for the others)
+        print("\n".join(f"{m} {GPU_CHECK[m][0] if not args.simulate else 3 if simulated_kind(m) in ('hang', 'stuck') else 60}"
+                        for m in GPU_CHECK))
+        return
+    if args.build_result:  # (before torch: it runs after a build that may have taken the device down with it)
+        extra = {}
+        if args.build_result in GPU_CHECK:
+            extra = {"batch_size": GPU_CHECK[args.build_result][1], "num_steps": GPU_CHECK[args.build_result][2]}
+        forced = (("interrupted", "gpu_check.sh was stopped by a signal while this build ran") if args.interrupted
+                  else ("not run", args.not_run) if args.not_run else None)
+        print(build_result(args.table, args.build_result, args.rc, args.log, args.limit, args.elapsed,
+                           args.since_line, args.kill_after, extra, forced), flush=True)
         return
     if args.table:
         sys.exit(print_check_table(args))
+    if args.simulate:
+        sys.exit(simulated(args))
     import torch
 
     from ddpo_grpo.models import GPU_ONLY

@@ -198,6 +198,19 @@ def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
     assert row["flops_train_row"] > 2 * row["flops_fwd_row"] > 0 and row["peak_mem_mb"] is None
     assert row["mfu_sampling"] == pytest.approx(row["flops_fwd_row"] * 24 / (tr["samples"] / row["samples_per_s"])
                                                 / 989e12)
+    # the calls counted on the denoiser (issue 61: MFU's rows are the calls the phase ran): sampling's 24 rows; the
+    # update's 16 with autograd; the rescore's forwards of the same 16 rows when the epoch re-scored (train.old_logprobs
+    # 'auto' decides per epoch); policy_shift_kl's forward of the first call (4 samples x 1 step x CFG 2) without
+    rows = tr["rows"]
+    assert rows["sampling"] == 24 and rows["train_grad"] == 16 and rows["train_nograd"] == 8
+    assert rows.get("rescore", 0) == 16 * tr["rescore_calls"] and tr["rescore_s"] >= 0
+    assert [set(e) for e in tr["epochs_s"]] == [{"sampling_s", "training_s", "epoch_s", "rescore_s"}] * 2
+    # training MFU: every training-phase call's FLOPs over the whole training phase; the update alone over it less
+    # the rescore's seconds
+    fwd, train = row["flops_fwd_row"], row["flops_train_row"]
+    assert row["mfu_training"] == pytest.approx((16 * train + (8 + rows.get("rescore", 0)) * fwd)
+                                                / tr["training_s"] / 989e12)
+    assert row["mfu_update"] == pytest.approx((16 * train + 8 * fwd) / (tr["training_s"] - tr["rescore_s"]) / 989e12)
     assert bench_gpu.table([row]).splitlines()[2].startswith("| sd3-tiny-built | lora | 4 | on | none | native |")
 
 
@@ -269,13 +282,15 @@ def test_check_table_reads_rows_counts_and_fails_on_missing_error_or_off_policy(
     assert bench_gpu.print_check_table(args) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "H100, torch 2.11, 2026-11-27"
+    assert len(out[1].split(" | ")) == len(out[2].split("|")) - 2 == 13  # the header's cells, the separator's
     sd15, sdxl, wan, flux = out[3:7]
-    # MFU: 1e12 x 100 rows / 2 s / 989e12 = 0.051 sampling; 2e12 x 50 / 4 s / 989e12 = 0.025 training
-    assert sd15 == ("| sd15-random | 8 x 10 | 12.0 (3.0 / 1.0 / 0.5 / 7.0) | 6.0 | 4.00 | 20.0 | 0.051 / 0.025 | "
-                    "9.5 / 9.2 | 0.0e+00 (5e-05) | 1.5e-03 / - |")
-    assert "1.4e-03 (5e-05) OVER" in sdxl and "- / -" in sdxl  # no counts for it: MFU and plan '-'
-    assert wan.startswith("| wan21-1.3b-random | FAILED: no row |")
-    assert flux.startswith("| flux-dev-random | FAILED: timed out after 105 s |")
+    # MFU from the config's rows (a row without counted calls): 1e12 x 100 rows / 2 s / 989e12 = 0.051 sampling;
+    # 2e12 x 50 / 4 s / 989e12 = 0.025 training
+    assert sd15 == ("| sd15-random | 8 x 10 | 12.0 (3.0 / 1.0 / 0.5 / 7.0) | - / 6.0 | 2.0 (- / -) | 4.0 (- / -) | - | "
+                    "4.00 | 0.051 / 0.025 | 9.5 / - / 9.2 | 0.0e+00 (5e-05) | 1.5e-03 / - | ok |")
+    assert "1.4e-03 (5e-05) OVER" in sdxl and "| - / - |" in sdxl and sdxl.endswith("| OVER tolerance |")
+    assert wan.startswith("| wan21-1.3b-random | - x - |") and "| FAILED (no row): no row" in wan
+    assert flux.endswith("| FAILED (error): timed out after 105 s |")  # an older shell's row: no cause, no traceback
     assert out[-1] == ("gpu check: 3 of 4 builds failed or off-policy: sdxl-random, wan21-1.3b-random, "
                        "flux-dev-random")
     args = bench_gpu.parse(["--table", str(tmp_path / "r.jsonl"), "--expect", "sd15-random"])
@@ -292,7 +307,11 @@ def gpu_check(*args, out):
 def test_gpu_check_refuses_in_one_line(tmp_path):
     p = gpu_check("--fast", out=tmp_path)
     assert p.returncode == 2 and p.stderr.strip() == ("error: unknown argument '--fast'; usage: scripts/gpu_check.sh "
-                                                      "[--dry-run]")
+                                                      "[--dry-run | --simulate] [--only NAME[,NAME...]]")
+    p = gpu_check("--only", "sd15", out=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "error: --only sd15: not a build; choose from sd15-random,sd35-medium-random,sdxl-random,wan21-1.3b-random,"
+        "recam-1.3b-random,flux-dev-random")
     p = gpu_check(out=tmp_path)  # CUDA hidden: the GPU run is refused before any model is built
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.strip().splitlines()[-1] == "error: no CUDA device; on a CPU run scripts/gpu_check.sh --dry-run"
@@ -319,51 +338,3 @@ def test_gpu_check_dry_run_validates_all_six(tmp_path):
         if model in REAL:
             assert c["denoiser_params"] == REAL[model][0]
         assert f"{model}: memory plan {c['plan_gib']:.2f} GiB (fits 80)" in p.stdout
-
-
-STUB = r"""#!/usr/bin/env bash
-# A stand-in for the GPU host's python3, for gpu_check.sh's control flow: CUDA "available", three builds (one
-# finishes, one hangs past its 1 s time-out, one crashes without a row); the table is the real script's.
-case "$*" in
-    *--list-gpu-check*) printf 'sd15-random 20\nsdxl-random 1\nflux-dev-random 20\n' ;;
-    *--table*) exec "$REAL_PYTHON" "$@" ;;
-    *--dry-run*) sleep 0.2; echo '{"sd15-random": {"plan_gib": 9.2}}' > "${@: -1}" ;;
-    *"--model sd15-random"*) echo "measuring"; cat "$GOOD_ROW" >> "$OUT/bench_gpu.jsonl" ;;
-    *"--model sdxl-random"*) exec sleep 30 ;;
-    *"--model flux-dev-random"*) echo 'RuntimeError: CUDA error: an "illegal" memory access' >&2; exit 1 ;;
-    *) echo "stub: $*" ;;  # the preflight imports, the versions line, the CUDA check: all fine
-esac
-"""
-
-
-def test_gpu_check_runs_each_build_under_its_time_out_and_names_what_failed(tmp_path):
-    """gpu_check.sh's GPU path with a stub python: a build that hangs is killed at its own time-out and the next one
-    still runs; a build that crashes without a row gets one naming its last line; the table lists all three in
-    order and the script exits 1."""
-    import json
-
-    row = {"model": "sd15-random", "batch_size": 8, "num_steps": 10, "epoch_s": 6.0, "samples_per_s": 4.0,
-           "train_steps_per_s": 20.0, "peak_mem_mb": 9.5 * 1024, "onpolicy_ratio_max_dev": 0.0, "onpolicy_tol": 5e-5,
-           "startup": {"total_s": 12.0}, "trainer": {}, "gpu": "stub GPU", "torch": "2.11", "date": "today"}
-    (tmp_path / "row.json").write_text(json.dumps(row) + "\n")
-    stub = tmp_path / "python3"
-    stub.write_text(STUB)
-    stub.chmod(0o755)
-    out = tmp_path / "out"
-    import subprocess
-
-    p = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env=dict(ENV, OUT=str(out), PYTHON=str(stub), REAL_PYTHON=sys.executable,
-                                GOOD_ROW=str(tmp_path / "row.json")))
-    assert p.returncode == 1, (p.stdout[-3000:], p.stderr[-3000:])
-    table = (out / "gpu_check.md").read_text().splitlines()
-    assert table[0] == "stub GPU, torch 2.11, today"
-    assert table[3].startswith("| sd15-random | 8 x 10 | 12.0 (- / - / - / -) | 6.0 | 4.00 | 20.0 | - / - | "
-                               "9.5 / 9.2 |")
-    assert table[4].startswith("| sdxl-random | FAILED: timed out after 1 s |")
-    assert table[5].startswith("| flux-dev-random | FAILED: exit 1: RuntimeError: CUDA error: an illegal memory "
-                               "access |")
-    assert table[6] == "gpu check: 2 of 3 builds failed or off-policy: sdxl-random, flux-dev-random"
-    assert (out / "sd15-random.log").read_text() == "measuring\n"  # each build's output in its own log
-    # the progress line's "[N s]" is the wall clock since the start: a loaded machine makes it 1 or more
-    assert re.search(r"^\[\d+ s\] sd15-random: starting, time-out 20 s$", p.stdout, re.M), p.stdout[-3000:]

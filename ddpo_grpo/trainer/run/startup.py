@@ -15,9 +15,13 @@ no sampling line within 110 s / 56 s). The phases, measured by build_context and
         call itself and, for ReCamMaster, the source clips' VAE encoding.
 The four are disjoint: they add up to total_s, build_context's start to the first call's end (bench_gpu.py's "time to
 first sample").
-The hook is a one-shot forward hook on the denoiser (it removes itself), so the sampler carries no start-up code."""
+The hook is a one-shot forward hook on the denoiser (it removes itself), so the sampler carries no start-up code.
+The line goes out through tqdm's writer (write_line): it fires inside the first sampling batch, while that bar is
+drawn, and a plain print was glued into the bar's line in a log ("epoch 0: sampling: 0%| ...startup: load ...")."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Dict
 
@@ -38,6 +42,44 @@ def line(phases: Dict[str, float]) -> str:
             f"{phases['first_step_s']:.1f} s")
 
 
+def _same_file(a, b) -> bool:
+    """Whether two streams write to one file (a log taking both stdout and stderr, `2>&1`)."""
+    try:
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a capture, a closed stream)
+        return a == b
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def write_line(text: str) -> None:
+    """Print `text` on stdout as a line of its own beside tqdm's progress bars: through tqdm's writer, which clears
+    the bars (stdout's and stderr's: one terminal shows both) and redraws them after it. Clearing is a carriage
+    return, which a file does not obey: where a drawn bar writes to a file that stdout also writes to (`> log 2>&1`,
+    not a terminal), a newline first ends the bar's line there, so that `text` starts a line of the file too."""
+    from tqdm import tqdm  # (tqdm.auto's classes share std tqdm's instances and lock)
+
+    out = sys.stdout
+    if out is None:
+        return
+    out.flush()  # what stdout holds goes before the bars are cleared, not after `text`
+    with tqdm.external_write_mode(file=out):
+        for bar in list(getattr(tqdm, "_instances", ())):
+            fp = getattr(bar, "fp", None)
+            if fp is not None and hasattr(bar, "start_t") and not _isatty(fp) and _same_file(fp, out):
+                fp.write("\n")  # once: one newline ends the line of every bar in that file
+                fp.flush()
+                break
+        out.write(text + "\n")
+        out.flush()
+
+
 def watch_first_step(ctx, printing: bool = True) -> None:
     """Complete ctx.startup at the end of the denoiser's first call (embeddings, first step, total) and print the
     line on the main process. ctx.startup holds load_s and move_s (build_context) and ready_at (perf_counter at
@@ -53,6 +95,6 @@ def watch_first_step(ctx, printing: bool = True) -> None:
         s["embedding_prompts"] = int(len(getattr(ctx.encode, "table", ())))
         s["total_s"] = time.perf_counter() - s["started_at"]  # start of build_context to the first step's end
         if printing and ctx.accelerator.is_main_process:
-            print(line(s), flush=True)
+            write_line(line(s))
 
     handle = module.register_forward_hook(done)
