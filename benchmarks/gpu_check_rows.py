@@ -240,6 +240,21 @@ def simulated_kind(model: str, environ=None) -> str:
     return kinds.get(model, "ok")
 
 
+def simulated_process(args, models) -> int:
+    """bench_gpu.py --simulate: with --dry-run the counts file of `models`, else --model's stand-in (its exit status;
+    a kind that is not one of SIMULATED_KINDS: one line, exit 2)."""
+    if args.dry_run:
+        with open(args.counts_out or os.devnull, "w") as f:
+            json.dump(simulated_counts(models), f, indent=1)
+        return 0
+    kind = simulated_kind(args.model)
+    if kind not in SIMULATED_KINDS:
+        print(f"error: GPU_CHECK_SIMULATE: {args.model}={kind}; choose from {', '.join(SIMULATED_KINDS)}",
+              file=sys.stderr)
+        return 2
+    return simulate(kind, args.model, args.out, args)
+
+
 def simulated_counts(models) -> dict:
     """counts.json as gpu_check.sh's meta-device process writes it, with made-up plans and FLOPs."""
     return {m: {"plan_gib": 10.0 + i, "gradient_checkpointing": False, "denoiser_params": 1e9,

@@ -42,8 +42,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_gpu_point import count_flops, measure  # noqa: E402  (one point, measured)
 from benchmarks.bench_gpu_tables import print_check_table, table  # noqa: E402,F401  (the tables it prints)
-from benchmarks.gpu_check_rows import (SIMULATED_KINDS, build_result, simulate, simulated_counts,  # noqa: E402
-                                       simulated_kind)
+from benchmarks.gpu_check_rows import SIMULATED_KINDS, build_result, simulated_kind, simulated_process  # noqa: E402
 
 SWITCHES = {  # name -> config overrides, measured one at a time against the baseline point
     "attention_math": {"unet_attention": "math"}, "channels_last": {"channels_last": True},
@@ -295,19 +294,16 @@ def parse(argv):
     ap.add_argument("--expect", default="", help="with --table: comma list of the builds that must have a row")
     ap.add_argument("--show", default="", help="with --table: comma list of builds also shown where they have a row")
     ap.add_argument("--build-result", default="", metavar="MODEL", help="gpu_check.sh, after MODEL's process: "
-                    "write its row into --table's file unless it wrote one (the cause from --rc and --log)")
-    ap.add_argument("--rc", type=int, default=0, help="with --build-result: the build's exit status")
-    ap.add_argument("--log", default="", help="with --build-result: the build's log (stdout and stderr)")
-    ap.add_argument("--limit", type=float, default=0, help="with --build-result: its time-out, s")
-    ap.add_argument("--elapsed", type=float, default=0, help="with --build-result: its wall time, s")
-    ap.add_argument("--since-line", type=int, default=0, help="with --build-result: rows from this line on are "
-                    "this attempt's")
-    ap.add_argument("--kill-after", type=float, default=5, help="with --build-result: timeout -k's seconds")
-    ap.add_argument("--interrupted", action="store_true", help="with --build-result: gpu_check.sh was stopped")
-    ap.add_argument("--not-run", default="", help="with --build-result: why the build did not run")
+                    "unless it wrote its row into --table's file, a row naming the cause (from --rc, --log, --limit "
+                    "s, --elapsed s, --kill-after s; rows from --since-line on are this attempt's; --interrupted: "
+                    "gpu_check.sh was stopped; --not-run REASON)")
+    for flag, kind in (("--rc", int), ("--limit", float), ("--elapsed", float), ("--since-line", int),
+                       ("--kill-after", float), ("--log", str), ("--not-run", str)):
+        ap.add_argument(flag, type=kind, default=5 if flag == "--kill-after" else kind(), help=argparse.SUPPRESS)
+    ap.add_argument("--interrupted", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--simulate", action="store_true", help="gpu_check.sh --simulate: with --gpu-check --model, "
-                    "act out how that build ends (GPU_CHECK_SIMULATE='model=kind,...' or the default, one kind "
-                    f"per build: {', '.join(SIMULATED_KINDS)}); with --dry-run --counts-out, made-up counts")
+                    "act out how that build ends (GPU_CHECK_SIMULATE='model=kind,...' or one kind per build: "
+                    f"{', '.join(SIMULATED_KINDS)}); with --dry-run --counts-out, made-up counts")
     args = ap.parse_args(argv)
     args.count = not args.gpu_check
     if args.model not in MODELS:
@@ -324,23 +320,11 @@ def parse(argv):
     return args
 
 
-def simulated(args) -> int:
-    """gpu_check.sh --simulate's processes: the counts file, or one build acting out its kind (gpu_check_rows)."""
-    if args.dry_run:
-        with open(args.counts_out or os.devnull, "w") as f:
-            json.dump(simulated_counts(list(GPU_CHECK)), f, indent=1)
-        return 0
-    kind = simulated_kind(args.model)
-    if kind not in SIMULATED_KINDS:
-        fail(f"GPU_CHECK_SIMULATE: {args.model}={kind}; choose from {', '.join(SIMULATED_KINDS)}")
-    return simulate(kind, args.model, args.out, args)
-
-
 def main(argv=None) -> None:
     args = parse(argv)
     if args.list_gpu_check:  # (--simulate: 3 s for the stand-ins that hang, time enough for the others)
-        print("\n".join(f"{m} {GPU_CHECK[m][0] if not args.simulate else 3 if simulated_kind(m) in ('hang', 'stuck') else 60}"
-                        for m in GPU_CHECK))
+        sim = lambda m: 3 if simulated_kind(m) in ("hang", "stuck") else 60  # noqa: E731
+        print("\n".join(f"{m} {sim(m) if args.simulate else GPU_CHECK[m][0]}" for m in GPU_CHECK))
         return
     if args.build_result:  # (before torch: it runs after a build that may have taken the device down with it)
         extra = {}
@@ -353,8 +337,8 @@ def main(argv=None) -> None:
         return
     if args.table:
         sys.exit(print_check_table(args))
-    if args.simulate:
-        sys.exit(simulated(args))
+    if args.simulate:  # gpu_check.sh --simulate's processes: the counts file, or one build acting out its kind
+        sys.exit(simulated_process(args, list(GPU_CHECK)))
     import torch
 
     from ddpo_grpo.models import GPU_ONLY

@@ -127,7 +127,8 @@ GLUED = ("epoch 0: sampling:  50%|█████     | 1/2 [00:40<00:40]\rtrain
          "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
          f'  File "{ROOT}/ddpo_grpo/models/wan.py", line 212, in forward\n'
          "    x = attn(q, k, v)\n"
-         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB\n")
+         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+         "79 GiB\n")
 
 
 @pytest.mark.parametrize("rc, text, limit, elapsed, cause, detail", [
@@ -136,14 +137,17 @@ GLUED = ("epoch 0: sampling:  50%|█████     | 1/2 [00:40<00:40]\rtrain
      "(at ddpo_grpo/models/wan.py:212 in forward: x = attn(q, k, v))"),
     (124, "loading\rtimeout: sending signal TERM to command ‘python3’\n", 85, 85, "time-out",
      "no row within its 85 s time-out, stopped by SIGTERM; last output: loading"),
-    (137, "x\ntimeout: sending signal TERM to command ‘python3’\ntimeout: sending signal KILL to command ‘python3’\n",
+    (137, "x\ntimeout: sending signal TERM to command ‘python3’\n"
+          "timeout: sending signal KILL to command ‘python3’\n",
      85, 90, "time-out", "no row within its 85 s time-out, killed 5 s after SIGTERM, which it did not obey (stuck in "
      "a CUDA call or a C extension); last output: x"),
     (137, "", 85, 12.4, "OOM kill", "SIGKILL (exit 137) at 12 s, before its 85 s time-out: the host's OOM killer "
      "(dmesg says) or another kill; last output: (no output)"),
-    (139, "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n  <no Python frame>\n",
+    (139, "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+          "  <no Python frame>\n",
      85, 3, "killed by SIGSEGV", "exit 139; last output: <no Python frame>"),
-    (2, "error: --model 'x': choose one of ...\n", 85, 1, "exit 2", "last output: error: --model 'x': choose one of ..."),
+    (2, "error: --model 'x': choose one of ...\n", 85, 1, "exit 2",
+     "last output: error: --model 'x': choose one of ..."),
 ])
 def test_a_builds_cause_from_its_exit_and_log(rc, text, limit, elapsed, cause, detail):
     assert classify(rc, text, limit, elapsed) == (cause, detail)
@@ -154,7 +158,8 @@ def test_the_last_traceback_and_the_startup_line_are_found_in_a_bar_garbled_log(
             "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\n    g()\nKeyError: 'first'\n\n"
             "During handling of the above exception, another exception occurred:\n\n" + GLUED)
     exc, where = traceback_summary(text)
-    assert exc.startswith("torch.OutOfMemoryError: CUDA out of memory.") and where.startswith("ddpo_grpo/models/wan.py:212")
+    assert exc.startswith("torch.OutOfMemoryError: CUDA out of memory.")
+    assert where.startswith("ddpo_grpo/models/wan.py:212")
     st = parse_startup(text)
     assert st == {"load_s": 25.6, "move_s": 1.2, "embeddings_s": 1.0, "embedding_prompts": 9, "first_step_s": 1.5,
                   "total_s": pytest.approx(29.3)}
