@@ -42,6 +42,8 @@ from helpers import named_config as _config
      "step_weight_power=1.0 weighs the clipped-ratio loss's steps: it needs train.objective='grpo'"),
     (lambda c: (setattr(c.sample, "antithetic", True), setattr(c.sample, "branch_steps", (0,)),
                 setattr(c.sample, "branches", 2)), "cannot be combined with sample.antithetic"),
+    (lambda c: setattr(c.train, "old_logprobs", "rescored"), "train.old_logprobs='rescored'; choose one of"),
+    (lambda c: setattr(c.train, "old_logprobs_verify_every", -1), "train.old_logprobs_verify_every=-1 must be an integer"),
 ])
 def test_config_validation_errors(edit, msg):
     from ddpo_grpo.trainer.run.validate import validate_config

@@ -41,6 +41,31 @@ def onpolicy_tolerance(dtype: torch.dtype, clip_range: float, tf32: bool = False
     return clip_range / 2
 
 
+# The sampler gap (trainer/checks/verification.py check_sampler_gap): |logp_sampler - logp_trainer| of one transition,
+# the sampler's log-prob against the training call's, before any update. Calls of another shape may sum in another
+# order; anything beyond that is a sampler/trainer mismatch (CFG, scheduler settings, conditions). Measured
+# (docs/reliability.md, "The sampler gap"): float32 on a CPU <= 1.0e-6 across call shapes, 0 at equal shapes;
+# bf16 on an H100 (sampler in eval mode, other call shapes) up to 4.8e-3 (SD 1.5), 4.7e-3 (SDXL), 3.2e-5 (FLUX),
+# 2.4e-7 (SD3.5); a CFG mismatch (sampled with guidance, trained without) 1.8e-2 .. 5 per step on the tiny models.
+SAMPLER_GAP_TOL_CPU = 1e-5  # float32 on a CPU: 10x the largest gap measured across call shapes
+SAMPLER_GAP_TOL_DEVICE = 1e-4  # float32 on an accelerator with TF32 / HF32 off: not measured; 10x the CPU's allowance
+SAMPLER_GAP_TOL_REDUCED = 2e-2  # bf16 / fp16 / TF32 / HF32: 4x the largest gap measured on the H100 (4.8e-3)
+
+
+def sampler_gap_tolerance(dtype: torch.dtype, tf32: bool = False, accelerator: bool = False) -> float:
+    """The largest sampler gap |logp_sampler - logp_trainer| (one transition, before any update) a run of this compute
+    dtype and device accepts as arithmetic; above it the sampler and the trainer compute different policies and the
+    run stops (train.onpolicy_check). The one definition the trainer's check and the tests use.
+
+    float32 on a CPU (tf32 False, accelerator False): SAMPLER_GAP_TOL_CPU; float32 on an accelerator:
+    SAMPLER_GAP_TOL_DEVICE; reduced precision anywhere (bf16 / fp16, TF32 / HF32 kernels): SAMPLER_GAP_TOL_REDUCED.
+    Unlike onpolicy_tolerance it does not follow the clip range: re-scored, the ratio is 1 whatever the gap, and the
+    gap bounds what rounding between call shapes can do, which the clip range does not change."""
+    if dtype == torch.float32 and not tf32:
+        return SAMPLER_GAP_TOL_DEVICE if accelerator else SAMPLER_GAP_TOL_CPU
+    return SAMPLER_GAP_TOL_REDUCED
+
+
 @dataclass
 class KLInputs:
     """What the KL penalty needs from the reference, per kl_type.

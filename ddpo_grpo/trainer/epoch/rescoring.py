@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ddpo_grpo.core.policy_step import StepResult, policy_step
@@ -22,12 +23,20 @@ from ddpo_grpo.errors import ConfigError
 OLD_LOGPROBS = ("auto", "rescore", "sampling")
 
 
+VERIFY_EVERY_DEFAULT = 10  # train.old_logprobs_verify_every when a hand-built config lacks it
+
+
 def check_old_logprobs_config(config) -> None:
-    """train.old_logprobs is one of OLD_LOGPROBS and train.sampler_is_cap is 0 (off) or > 0 (validate_config: one line
-    before anything loads). The cap needs the re-scored log-probs, so "sampling" with a cap is refused."""
+    """train.old_logprobs is one of OLD_LOGPROBS, train.old_logprobs_verify_every an integer >= 0 and
+    train.sampler_is_cap 0 (off) or > 0 (validate_config: one line before anything loads). The cap needs the
+    re-scored log-probs, so "sampling" with a cap is refused."""
     mode = config.train.get("old_logprobs", "auto")
     if mode not in OLD_LOGPROBS:
         raise ConfigError(f"train.old_logprobs={mode!r}; choose one of {OLD_LOGPROBS}")
+    every = config.train.get("old_logprobs_verify_every", VERIFY_EVERY_DEFAULT)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ConfigError(f"train.old_logprobs_verify_every={every!r} must be an integer >= 0 (epochs between the "
+                          "re-scores that re-verify the sampler's log-probs under 'auto'; 0 = verify the first only)")
     cap = float(config.train.get("sampler_is_cap", 0.0))
     if not cap >= 0:
         raise ConfigError(f"train.sampler_is_cap={cap}; 0 (off) or the cap C > 0 of min(pi_trainer / pi_sampler, C)")
@@ -36,17 +45,77 @@ def check_old_logprobs_config(config) -> None:
                           "the re-scored log-probs: set train.old_logprobs='rescore' (or 'auto')")
 
 
-def old_logprobs_source(config, reduced_precision: bool, accelerator_device: bool) -> str:
-    """Where the ratio's old log-probs come from in this run: "rescore" or "sampling". "auto" re-scores wherever the run
-    computes in reduced precision (bf16, fp16, TF32, HF32) or on an accelerator (kernels chosen per batch shape), or
-    when train.sampler_is_cap needs it; it keeps the sampler's in float32 on a CPU, where each row is computed on its
-    own (|r - 1| <= 1.7e-6 measured: summation order only) and the re-score would cost a forward per trained step."""
+def old_logprobs_source(config, epoch: int = 0, history: Optional[list] = None, mismatch: bool = False) -> str:
+    """Where this epoch's old log-probs come from: "rescore" or "sampling". "auto" re-scores the run's first epoch
+    (a verification: the re-score through the training calls against the sampler's log-probs), and while every
+    verification found them equal bit for bit keeps the sampler's, re-verifying every
+    train.old_logprobs_verify_every epochs (0: never again) and whenever the sampler's settings differ from the
+    training's (mismatch); once a verification found them different it re-scores every epoch for good (kernels
+    chosen per call shape, or rounding, differ between the two paths). train.sampler_is_cap > 0 always re-scores
+    (the weight needs both). history: the run's epoch entries (RunState.history, saved with each checkpoint, so a
+    resumed run decides as the uninterrupted one), whose "train" holds old_logprobs_bit_exact for each verification."""
     mode = config.train.get("old_logprobs", "auto")
     if mode != "auto":
         return mode
-    if reduced_precision or accelerator_device or float(config.train.get("sampler_is_cap", 0.0)) > 0:
+    if float(config.train.get("sampler_is_cap", 0.0)) > 0 or mismatch:
+        return "rescore"
+    verified = [(int(h.get("epoch", 0)), h["train"]["old_logprobs_bit_exact"]) for h in (history or [])
+                if "old_logprobs_bit_exact" in h.get("train", {})]
+    if not verified or any(v != 1.0 for _, v in verified):
+        return "rescore"
+    every = int(config.train.get("old_logprobs_verify_every", VERIFY_EVERY_DEFAULT))
+    if every > 0 and epoch - verified[-1][0] >= every:
         return "rescore"
     return "sampling"
+
+
+def old_logprobs_counts(history: Optional[list], rescored_now: bool) -> Dict[str, float]:
+    """The run's counts so far, this epoch included: old_logprobs_rescored_epochs (epochs whose re-score pass ran)
+    and old_logprobs_sampler_epochs (epochs trained on the sampler's log-probs without one), from the history's
+    per-epoch old_logprobs_rescored (GRPO epochs only)."""
+    flags = [h["train"]["old_logprobs_rescored"] for h in (history or [])
+             if "old_logprobs_rescored" in h.get("train", {})] + [1.0 if rescored_now else 0.0]
+    n = sum(1 for f in flags if f == 1.0)
+    return {"old_logprobs_rescored_epochs": float(n), "old_logprobs_sampler_epochs": float(len(flags) - n)}
+
+
+SETTING_FIELDS = ("family", "guidance_scale", "eta", "noise_level", "sde_type")
+
+
+def settings_mismatch(sampled, trained, config=None) -> str:
+    """How the training calls' SamplerSettings differ from the sampler's, in words ('' when they agree): the call
+    plan's arguments compared, the cheap half of the sampler/trainer check (the measured gap is the other)."""
+    if sampled is None:
+        return ""
+    out = []
+    for f in SETTING_FIELDS:
+        a, b = getattr(sampled, f), getattr(trained, f)
+        if a != b:
+            why = (" (train.cfg=False)" if f == "guidance_scale" and config is not None
+                   and not config.train.get("cfg", True) else "")
+            out.append(f"{f} {a!r} when sampling, {b!r} in training{why}")
+    return "; ".join(out)
+
+
+def worst_gap(tables: List[torch.Tensor], sampler: torch.Tensor, mask: Optional[torch.Tensor] = None
+              ) -> Tuple[float, int, int]:
+    """(max |logp_rescored - logp_sampler|, its sample, its column) over every planned, kept cell of every inner
+    epoch's re-scored table (tables: (N, T) each, NaN where not planned; sampler (N, T); mask (N,) or (N, T)), as
+    exp(gap) - 1: the |r - 1| the sampler's log-probs would give that transition before any update. (-1.0, 0, 0)
+    when no cell was scored. 0.0 exactly when the two agree bit for bit."""
+    best = (-1.0, 0, 0)
+    s = sampler.detach().double().cpu()
+    for table in tables:
+        d = (table.detach().double().cpu() - s).abs()
+        ok = ~torch.isnan(d)
+        if mask is not None:
+            ok &= (mask[:, None] if mask.ndim == 1 else mask).cpu()
+        d = torch.where(ok, d, torch.full_like(d, -1.0))
+        j = int(d.argmax())
+        v = float(d.reshape(-1)[j])
+        if v > best[0]:
+            best = (v, j // d.shape[1], j % d.shape[1])
+    return (best[0] if best[0] <= 0 else float(np.expm1(best[0])), best[1], best[2])
 
 
 def call_inputs(ctx, settings, samples, idx, cols):

@@ -3,6 +3,7 @@ conditions, and start their reward computation in the background as each batch f
 `ddpo_grpo.rewards.collect_rewards`, waits for them)."""
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -38,6 +39,10 @@ class EpochSamples:
     # (T, 2) long: stored step j goes from latents[:, transitions[j, 0]] to latents[:, transitions[j, 1]]
     # (None: j -> j + 1, consecutive steps; see core.pipeline_with_logprob.Trajectory)
     transitions: Optional[torch.Tensor] = None
+    # How the sampler called the denoiser, for the trainer's comparison (training.py): its SamplerSettings (None: not
+    # recorded, e.g. hand-built samples) and the samples per denoiser call (0: the whole sampling batch at once).
+    settings: Optional[SamplerSettings] = None
+    call_rows: int = 0
 
     def step_states(self, columns: torch.Tensor):
         """columns (n,) long -> (input state indices (n,), output state indices (n,)) into latents' dim 1."""
@@ -225,13 +230,82 @@ def sampler_settings(config, family: str) -> SamplerSettings:
                            noise_level=config.sample.noise_level, sde_type=config.sample.sde_type)
 
 
+def active_dropout(module: torch.nn.Module) -> List[str]:
+    """Names of the dropout modules of `module` that drop something in train mode (p > 0): peft's lora_dropout,
+    diffusers' attention / feed-forward / resnet dropout. None in the bundled and built models (checked:
+    docs/reliability.md)."""
+    return [name for name, m in module.named_modules()
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd) and float(getattr(m, "p", 0.0)) > 0]
+
+
+class TrainingCallShape:
+    """The denoiser called `rows` samples at a time, each call laid out as a training call of those samples
+    (training.py through rescoring.call_inputs and core.policy_step.denoiser_output): with CFG [uncond rows;
+    cond rows] of the same samples, 2 x rows in all. Why: accelerator kernels (and the CPU's float32 GEMMs) are
+    chosen per call shape, so a transition scored in a sampling call of B rows and a training call of b rows can get
+    two log-probs; scored in calls of the training's shape, the sampler's log-probs are the training path's bit for
+    bit wherever the kernels compute each row on its own (measured: docs/reliability.md), and train.old_logprobs
+    "auto" can keep them instead of re-scoring. A call whose rows are not a multiple of `rows` runs whole."""
+
+    def __init__(self, unet, rows: int, cfg: bool):
+        self.unet, self.rows, self.cfg = unet, int(rows), bool(cfg)
+
+    def __call__(self, x, t, encoder_hidden_states=None, **kwargs):
+        """x (n, C, H, W), t (n,), encoder_hidden_states (n, L, D), n = B rows, or 2B with CFG ([uncond; cond])."""
+        n, r = x.shape[0], self.rows
+        half = n // 2 if self.cfg else n
+        if r <= 0 or half <= r or half % r or (self.cfg and n % 2):
+            return self.unet(x, t, encoder_hidden_states=encoder_hidden_states, **kwargs)
+        parts = []
+        for lo in range(0, half, r):
+            sel = torch.arange(lo, lo + r, device=x.device)
+            if self.cfg:
+                sel = torch.cat([sel, sel + half])
+            parts.append(self.unet(x[sel], t[sel], encoder_hidden_states=encoder_hidden_states[sel], **kwargs).sample)
+        if self.cfg:  # back to the sampler's layout [uncond of all B; cond of all B]
+            out = torch.cat([p[:r] for p in parts] + [p[r:] for p in parts])
+        else:
+            out = torch.cat(parts)
+        return types.SimpleNamespace(sample=out)
+
+
+def sampler_call_rows(config, timesteps_per_call: int = 0, branched: bool = False) -> int:
+    """Samples per sampler denoiser call so that its calls have the training calls' shape (TrainingCallShape), or 0
+    (the whole sampling batch). Where the plan allows: the GRPO objective, whose ratio the sampler's log-probs may
+    serve (train.old_logprobs "auto" or "sampling"; "rescore" re-scores anyway), one timestep per training call
+    (train.timesteps_per_call 1, or branched: a cell per row; timesteps_per_call: the auto probe's choice when the
+    config says 0, 0 before it ran), and a training batch that divides the sampling batch. The training plan's last
+    call of an epoch is smaller when train.batch_size does not divide the samples: its rows then differ in shape."""
+    t = config.train
+    if t.get("old_logprobs", "auto") == "rescore" or t.get("objective", "grpo") != "grpo":
+        return 0
+    per_call = 1 if branched else (int(t.timesteps_per_call) or int(timesteps_per_call))
+    b, B = int(t.batch_size), int(config.sample.batch_size)
+    return b if per_call == 1 and b < B and B % b == 0 else 0
+
+
+_DROPOUT_NOTED = set()
+
+
 @torch.no_grad()
 def sample_epoch(ctx, epoch: int) -> EpochSamples:
-    """Run this process's sampling batches of `epoch`; rewards are submitted to ctx.rewards as we go."""
+    """Run this process's sampling batches of `epoch`; rewards are submitted to ctx.rewards as we go. The denoiser
+    runs in the training's mode (train(): the module computes what the training calls compute, e.g. diffusers'
+    ResnetBlock2D lays its shortcut out contiguously only in train mode) unless it has active dropout, which would
+    make sampling random beyond its noise: then in eval mode, said once; and, where the plan allows, in the training
+    calls' shape (sampler_call_rows)."""
     config, acc = ctx.config, ctx.accelerator
     unet = ctx.unet
-    unet.eval()
+    dropout = active_dropout(unet)
+    unet.train(not dropout)
+    if dropout and id(unet) not in _DROPOUT_NOTED:
+        _DROPOUT_NOTED.add(id(unet))
+        acc.print(f"note: the denoiser has active dropout ({len(dropout)} modules, e.g. {dropout[0]}): sampling runs "
+                  "in eval mode, training in train mode, so the sampler's log-probs are not the training calls' "
+                  "(train.old_logprobs 'auto' re-scores)")
     settings = sampler_settings(config, ctx.pipe.family)
+    rows = sampler_call_rows(config, getattr(ctx.state, "timesteps_per_call", 0), ctx.tree is not None)
+    denoiser = TrainingCallShape(unet, rows, settings.guidance_scale != 1.0) if rows else unet
     window = sde_window(config, epoch, ctx.pipe.family, ctx.pipe.scheduler)
     tree = ctx.tree
     per_step = config.reward.per_step
@@ -255,7 +329,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
                 latents = group_init_noise(config, epoch, [it["index"] for it in items], ctx.pipe.sample_shape).to(acc.device)
             with acc.autocast():
                 traj = pipeline_with_logprob(
-                    unet, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
+                    denoiser, ctx.pipe.scheduler, settings, embeds, neg, num_inference_steps=config.sample.num_steps,
                     latents=latents, sample_shape=ctx.pipe.sample_shape, generator=gen, vae=ctx.pipe.vae,
                     return_pred_x0=per_step in ("x0", "x0_gain"), sde_window=window, cond_channels=cond, branch=tree,
                 )
@@ -280,5 +354,7 @@ def sample_epoch(ctx, epoch: int) -> EpochSamples:
         reward_futures=futures,
         step_std=parts[0][0].step_std,
         transitions=parts[0][0].transitions,
+        settings=settings,
+        call_rows=rows,
     )
 

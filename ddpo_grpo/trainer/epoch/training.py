@@ -17,11 +17,11 @@ from ddpo_grpo.core.loss import KLInputs, grpo_loss, kl_penalty
 from .sampling import EpochSamples, sampler_settings
 from .advantages import EpochAdvantages
 from .metrics import EpochMetrics
-from .rescoring import (call_inputs, gather_sampler_gap, rescore_old_logprobs, sampler_gap, score,
-                        truncated_is_weight)
+from .rescoring import (call_inputs, gather_sampler_gap, old_logprobs_counts, rescore_old_logprobs, sampler_gap,
+                        score, settings_mismatch, truncated_is_weight, worst_gap)
 from .update import (cell_training_calls, optimizer_step, probe_sizes, step_weights, steps_per_sample,
                      trainable_columns, training_calls, untrained_columns, zero_loss)
-from ..checks.verification import check_onpolicy, run_old_logprobs
+from ..checks.verification import check_onpolicy, check_sampler_gap, gather_worst, run_old_logprobs
 
 
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
@@ -94,12 +94,24 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
         owners = torch.from_numpy(ctx.tree.owner_cells(N))
         plans = [cell_training_calls(owners, config, epoch, inner, acc.process_index, columns)
                  for inner in range(config.train.num_inner_epochs)]
-    rescored = run_old_logprobs(config, acc) == "rescore"
+    # the call plan's arguments: the training calls' settings against the sampler's (train.cfg=False with guidance)
+    mismatch = settings_mismatch(getattr(samples, "settings", None), settings, config)
+    history = getattr(ctx.state, "history", [])
+    rescored = run_old_logprobs(config, acc, epoch, history, bool(mismatch)) == "rescore"
+    checked, gap = False, {}  # checked: the sampler/trainer check has already spoken for this epoch
+    old_tables = [samples.log_probs] * len(plans)
     if rescored:  # train.old_logprobs: the ratio's old log-probs through the training calls themselves (rescoring.py)
         old_tables = rescore_old_logprobs(ctx, settings, samples, [calls for calls, _ in plans])
         gap = gather_sampler_gap(acc, *sampler_gap(old_tables[0], samples.log_probs, mask))
-    else:
-        old_tables, gap = [samples.log_probs] * len(plans), {}
+        worst_cell = gather_worst(acc, worst_gap(old_tables, samples.log_probs, mask), samples)
+        gap["old_logprobs_bit_exact"] = float(worst_cell[0] == 0.0)  # every trained cell equal bit for bit
+        said = check_sampler_gap(ctx, worst_cell, epoch, mismatch)  # stops here under "stop"
+        if said is not None and config.train.get("old_logprobs", "auto") == "auto":
+            # "warn" on a real mismatch: the re-score would hide it (ratio 1 by construction); auto trains on the
+            # sampler's log-probs instead, so the ratio shows it, as it does without a re-score
+            old_tables, checked = [samples.log_probs] * len(plans), True
+        elif config.train.get("old_logprobs", "auto") == "auto":
+            note_auto(ctx, epoch, history, worst_cell[0])
     cap = float(config.train.get("sampler_is_cap", 0.0))
     step_w = step_weights(samples, config, columns)  # train.step_weight_power (None: every trained step 1)
     for inner, (calls, per_mb) in enumerate(plans):
@@ -123,7 +135,8 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                     metrics.add("kl_untrained", float(kl_u.detach()), len(idx))
                 with sync:
                     loss, m, res = _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params,
-                                              old_tables[inner], cap if rescored else 0.0, step_w)
+                                              old_tables[inner], cap if old_tables[inner] is not samples.log_probs
+                                              else 0.0, step_w)
                     acc.backward(loss / len(chunk))
                 rows = m.pop("_rows", 0.0)
                 ratio_dev, ratio_at = m.pop("_ratio_dev", None), m.pop("_ratio_worst", None)
@@ -138,7 +151,9 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
                     if ci == 0:
                         first = (idx, cols, res.mean.detach().float(), res.std.detach())
             if inner == 0 and start == 0:  # before the first update: a mismatch stops here (train.onpolicy_check)
-                check_onpolicy(ctx, worst, samples, epoch, rescored)
+                if not checked:
+                    check_onpolicy(ctx, worst, samples, epoch, rescored and old_tables[0] is not samples.log_probs,
+                                   mismatch)
             optimizer_step(ctx, params, metrics)
     shift = policy_shift_kl(ctx, settings, samples, *first)
     metrics.add("policy_shift_kl", shift)
@@ -153,8 +168,25 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     metrics.add("timesteps_per_call", float(per_call))
     metrics.add("old_logprobs_rescored", float(rescored))
     out = metrics.reduce(acc)
-    out.update(gap)  # sampler_gap_max / _mean, and per stored column (gathered in rescoring.gather_sampler_gap)
+    # sampler_gap_max / _mean, and per stored column (gathered in rescoring.gather_sampler_gap), old_logprobs_bit_exact
+    out.update(gap)
+    out.update(old_logprobs_counts(history, rescored))  # identical on every process: from the shared history
     return out
+
+
+def note_auto(ctx, epoch: int, history, dev: float) -> None:
+    """train.old_logprobs "auto": say when a verification changes what the next epochs use (the first one, and a
+    first difference): the sampler's log-probs (bit for bit the training calls') or re-scoring for good."""
+    before = [h["train"]["old_logprobs_bit_exact"] for h in history if "old_logprobs_bit_exact" in h.get("train", {})]
+    if dev == 0.0 and not before:
+        every = int(ctx.config.train.get("old_logprobs_verify_every", 10))
+        ctx.accelerator.print(f"note: epoch {epoch}: the sampler's log-probs equal the training calls' re-score bit for "
+                              "bit: train.old_logprobs 'auto' uses them, re-verifying "
+                              + (f"every {every} epochs" if every else "never again"))
+    elif dev != 0.0 and all(v == 1.0 for v in before):
+        ctx.accelerator.print(f"note: epoch {epoch}: the sampler's log-probs differ from the training calls' re-score "
+                              f"(|r - 1| up to {dev:.2g}, within the sampler-gap tolerance): train.old_logprobs 'auto' "
+                              "re-scores every epoch from now on")
 
 
 def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, params, old_table, is_cap=0.0,
