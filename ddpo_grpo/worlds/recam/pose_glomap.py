@@ -16,8 +16,6 @@ import numpy as np
 
 from ddpo_grpo.errors import ConfigError
 
-from .pose_estimators import _as_numpy
-
 
 def _pycolmap():
     try:
@@ -35,8 +33,10 @@ def estimate_glomap(frames, K, max_side: int = 832, matching: str = "sequential"
     longer side SIFT sees (COLMAP's max_image_size); num_threads: for extraction, matching and mapping (1: one core,
     as a reward worker gets). NaN rows for frames not registered."""
     pycolmap = _pycolmap()
-    x = _as_numpy(frames)
-    K = np.asarray(K, dtype=np.float64)
+    if hasattr(frames, "detach"):  # torch
+        frames = frames.detach().float().cpu().numpy()
+    x = np.asarray(frames, dtype=np.float32)
+    K = np.asarray(K.detach().cpu() if hasattr(K, "detach") else K, dtype=np.float64)
     if x.ndim != 4 or x.shape[1] != 3 or K.shape != (3, 3):
         raise ConfigError(f"glomap: frames must be (F, 3, H, W) and K (3, 3), got {tuple(x.shape)} and {K.shape}")
     if matching not in ("sequential", "exhaustive"):
