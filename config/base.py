@@ -174,9 +174,17 @@ def get_config() -> ml_collections.ConfigDict:
     # no-grad pass through exactly the training calls (each inner epoch's call plan and row grouping, CFG, autocast)
     # scores them, so the ratio is 1 by construction; costs one forward per trained step. "sampling": the sampler's,
     # as DDPO does: on a GPU/NPU in bf16 the kernels chosen per batch shape make them differ by ~1e-3, ten times the
-    # clip range. "auto": rescore in reduced precision (bf16, fp16, TF32, HF32) or on an accelerator, sampling in
-    # float32 on a CPU. The sampler-vs-trainer gap is logged either way it is known (train/sampler_gap_max, _mean).
+    # clip range. "auto": re-score the first epoch and compare; while the sampler's equal the re-score bit for bit
+    # (the sampler calls the denoiser in train mode and, where the plan allows, in the training calls' shape) use the
+    # sampler's, re-verified every old_logprobs_verify_every epochs; once they differ, re-score every epoch. Every
+    # re-scored epoch also checks the sampler against the trainer: a gap above core.loss.sampler_gap_tolerance, or
+    # training settings other than the sampler's (train.cfg=False with guidance), is a mismatch that the
+    # on-policy check (train.onpolicy_check) stops or warns about. Logged: train/sampler_gap_max, _mean,
+    # old_logprobs_bit_exact, and the run's counts old_logprobs_rescored_epochs / old_logprobs_sampler_epochs.
     config.train.old_logprobs = "auto"
+    # "auto": epochs between the re-scores that re-verify a bit-exact sampler (each costs one forward per trained
+    # step); 0 = only the first epoch's.
+    config.train.old_logprobs_verify_every = 10
     # > 0 (needs the re-scored log-probs): weigh each transition's policy term by the truncated importance weight
     # min(pi_trainer / pi_sampler, C) of the transition the sampler drew (rollout correction); 0 = off.
     config.train.sampler_is_cap = 0.0
