@@ -2,6 +2,7 @@
 dataset and the world's exact camera estimator (fast: tiny frames, except the cross-check with OpenCV's estimator)."""
 import numpy as np
 import pytest
+import torch
 
 from ddpo_grpo.worlds.room3d import intrinsics, make_scene, render_view, source_pose
 from ddpo_grpo.worlds.room3d.render import render_view_depth
@@ -87,7 +88,7 @@ def test_scenes_have_3_to_6_named_objects():
 
 
 # ---------------------------------------------------------------- paths
-from ddpo_grpo.worlds.recam.recammaster_cameras import trajectory_numbers  # noqa: E402
+from ddpo_grpo.worlds.recam.recammaster_cameras import CAM_TYPES, trajectory_numbers  # noqa: E402
 from ddpo_grpo.worlds.room3d.paths import (  # noqa: E402
     RANDOM_KINDS, clip_cameras, preset_path, random_motion, random_path, so3_log, static_path,
 )
@@ -234,3 +235,79 @@ def test_exact_estimator_says_nan_where_it_cannot_tell_and_reads_the_seed_from_m
     assert rot_err_deg(got[2], preset_path(7, 9)[8]) < 0.3
     with pytest.raises(ValueError, match="scene_seed"):
         exact_estimator(clip, K, metadata={})
+
+
+# ---------------------------------------------------------------- the condition dataset
+from ddpo_grpo.worlds.room3d import Room3DConditions  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import check_num_frames  # noqa: E402
+from ddpo_grpo.errors import ConfigError  # noqa: E402
+
+
+def test_conditions_items_and_held_out_split():
+    train, ev = Room3DConditions("train", seed=1), Room3DConditions("eval", seed=1)
+    assert (len(train), len(ev)) == (512, 64)
+    it = ev[0]
+    assert it["index"] == 512 and it["preset"] == "pan right" and it["prompt"].endswith(", camera pan right")
+    assert it["prompt"].startswith("a room with ")
+    assert it["source_video"].shape == (9, 3, 32, 48) and it["target_video"].shape == (9, 3, 32, 48)
+    assert it["cameras"].shape == (3, 12) and it["cameras"].dtype == torch.float32
+    np.testing.assert_allclose(it["cameras"].numpy(), trajectory_numbers(1, 3), atol=1e-6)
+    fx = 48 * 24 / 23.76
+    np.testing.assert_allclose(it["intrinsics"], [fx, fx, 23.5, 15.5], rtol=1e-6)
+    # the source camera stands still; the target starts where it stands
+    src, tgt = it["source_video"].numpy(), it["target_video"]
+    np.testing.assert_array_equal(src[0], src[-1])
+    np.testing.assert_allclose(tgt[0], src[0], atol=1e-6)
+    assert np.abs(tgt[-1] - src[-1]).mean() > 0.03
+    # eval: the ten presets in turn; train: random paths of the same kinds, their numbers are the path's
+    assert [ev[k]["preset"] for k in range(10)] == [CAM_TYPES[c] for c in range(1, 11)]
+    tr = train[3]
+    np.testing.assert_allclose(tr["cameras"].numpy(), clip_cameras(tr["target_path"].astype(np.float64)), atol=1e-6)
+    assert tr["prompt"] == train.prompt_at(3)
+    # held-out rooms: no eval scene seed is a train scene seed
+    assert not {train[k]["scene_seed"] for k in range(8)} & {ev.scene_seed(i) for i in ev.indices}
+    # deterministic per seed
+    np.testing.assert_array_equal(Room3DConditions("train", seed=1, cache=False)[3]["target_video"], tr["target_video"])
+    with pytest.raises(ConfigError):
+        Room3DConditions("train", num_frames=8)
+    with pytest.raises(ConfigError):
+        check_num_frames(0)
+
+
+def test_an_item_carries_what_the_exact_estimator_needs():
+    """cam_score's route: the latent frames of target_video, K from intrinsics, metadata's scene_seed."""
+    it = Room3DConditions("eval", seed=2)[8]  # arc left
+    fx, fy, cx, cy = it["intrinsics"]
+    K = np.array([[fx, 0, cx], [0, fy, cy], [0, 0, 1.0]])
+    est = exact_estimator(it["target_video"][::4], K, metadata={"scene_seed": it["scene_seed"]})
+    want = it["cameras"].numpy().astype(np.float64).reshape(3, 3, 4)
+    for j in (1, 2):
+        assert rot_err_deg(est[j], np.vstack([want[j], [0, 0, 0, 1]])) < 0.3
+        assert np.linalg.norm(est[j, :3, 3] - want[j, :, 3]) < 0.05
+
+
+# ---------------------------------------------------------------- agreement with OpenCV's two-view estimator
+@pytest.mark.parametrize("seed,cam", [(0, 1), (1, 5), (2, 9)])
+def test_exact_and_two_view_estimators_agree_on_ground_truth_renders(seed, cam):
+    """At 240 x 416 (a size SIFT reads), 9 frames, latent frames 0, 4, 8: rotations agree within 1 deg; where the
+    camera moves (> 0.3 m) the translation directions agree within 2 deg and the magnitudes normalised by the clip's
+    largest agree within 0.05 (a monocular estimate has no metric scale; the exact one is in metres)."""
+    pytest.importorskip("cv2")
+    from ddpo_grpo.worlds.recam.pose_estimators import estimate_two_view
+
+    scene, path = make_scene(seed), preset_path(cam, 9)
+    K = intrinsics(240, 416)
+    frames = render_clip(scene, source_pose(scene) @ path[::4], K, 240, 416)
+    ex, tv = estimate_exact(frames, K, scene), estimate_two_view(frames, K)
+    assert np.isfinite(ex).all() and np.isfinite(tv).all()
+    ex_t, tv_t = ex[:, :3, 3], tv[:, :3, 3]
+    ex_n = np.linalg.norm(ex_t, axis=1) / max(np.linalg.norm(ex_t, axis=1).max(), 1e-9)
+    tv_n = np.linalg.norm(tv_t, axis=1) / max(np.linalg.norm(tv_t, axis=1).max(), 1e-9)
+    for j in (1, 2):
+        assert rot_err_deg(ex[j], tv[j]) < 1.0
+        if np.linalg.norm(path[4 * j, :3, 3]) > 0.3:
+            cos = ex_t[j] @ tv_t[j] / np.linalg.norm(ex_t[j]) / np.linalg.norm(tv_t[j])
+            assert np.degrees(np.arccos(np.clip(cos, -1, 1))) < 2.0
+            assert abs(ex_n[j] - tv_n[j]) < 0.05
+        else:  # a pure rotation: both read (almost) no translation
+            assert np.linalg.norm(ex_t[j]) < 0.05 and np.linalg.norm(tv_t[j]) < 0.05
