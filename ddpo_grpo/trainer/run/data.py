@@ -123,6 +123,12 @@ def build_dataset(config, split: str):
         # pretrained.height / width (the model's non-square size, models.wan): the view as the model samples it
         ds = RecamVideoConditions(split=split, num_frames=int(p.get("num_frames", 0) or 9),
                                   size=int(p.get("height", 0) or res), width=int(p.get("width", 0) or res))
+    elif name == "room3d":  # the 3-D camera world: textured rooms ray-cast along 3-D camera paths
+        from ddpo_grpo.worlds.room3d.data import Room3DConditions
+
+        p, res = config.pretrained, int(config.pretrained.get("resolution", 0) or 0)
+        ds = Room3DConditions(split=split, num_frames=int(p.get("num_frames", 0) or 9),
+                              height=int(p.get("height", 0) or res or 32), width=int(p.get("width", 0) or res or 48))
     elif name in ("multicam", "recam_folder"):
         from ddpo_grpo.worlds.recam.multicam import MultiCamConditions, RecamFolder
 
@@ -145,7 +151,7 @@ def build_dataset(config, split: str):
                               "MultiCamVideo's focal folders (f18/f24/f35/f50_aperture*) give them, else set "
                               "data.fov_deg (the horizontal field of view, degrees)")
     else:
-        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file', 'recam', 'recam_video', "
+        raise ConfigError(f"unknown data.name {name!r}; choose 'toyworld', 'prompt_file', 'recam', 'recam_video', 'room3d', "
                           "'multicam' or 'recam_folder'")
     return _subset(ds, config.data.num_conditions, config.seed) if split == "train" else ds
 
