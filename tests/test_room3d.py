@@ -311,3 +311,27 @@ def test_exact_and_two_view_estimators_agree_on_ground_truth_renders(seed, cam):
             assert abs(ex_n[j] - tv_n[j]) < 0.05
         else:  # a pure rotation: both read (almost) no translation
             assert np.linalg.norm(ex_t[j]) < 0.05 and np.linalg.norm(tv_t[j]) < 0.05
+
+
+# ---------------------------------------------------------------- cam_score with the exact estimator
+@pytest.mark.parametrize("k", [0, 8])  # eval items 0 and 8: pan right, arc left
+def test_cam_score_with_the_exact_estimator(k):
+    """Through cam_score's real route (dotted path, uint8 frames, metadata): the true clip scores ~1 and clearly
+    beats the mirrored preset, the half-amplitude one and a static camera; a black clip scores 0."""
+    from ddpo_grpo.worlds.recam.cam_score import make_cam_score
+    from ddpo_grpo.worlds.room3d import static_path
+
+    it = Room3DConditions("eval", seed=0)[k]
+    cam = k + 1
+    scene = make_scene(it["scene_seed"])
+    src, K = source_pose(scene), intrinsics(32, 48)
+    clips = [it["target_video"]] + [render_clip(scene, src @ p, K, 32, 48, 2) for p in (
+        preset_path(cam, 9, mirror=True), preset_path(cam, 9, amplitude=0.5), static_path(9))]
+    clips.append(np.zeros_like(clips[0]))
+    fn = make_cam_score(pose_estimator="ddpo_grpo.worlds.room3d.estimator:exact_estimator", workers=0)
+    meta = {key: v for key, v in it.items() if key != "target_video"}
+    scores, det = fn(torch.from_numpy(np.stack(clips)), [""] * 5, [meta] * 5)
+    true, mirrored, half, static, black = scores.tolist()
+    assert true > 0.95
+    assert mirrored < 0.2 and static < 0.4 and half < 0.6  # measured: 0.08 / 0.25 / 0.49 (pan), 0.0 / 0.02 / 0.35 (arc)
+    assert black == 0.0 and det["estimate_failed"][4] == 1.0

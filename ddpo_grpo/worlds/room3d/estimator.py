@@ -144,8 +144,10 @@ class _Aligner:
     def cost(self, pose, target_b, sigma) -> float:
         return float(((_blur(self.render(pose)[0], sigma) - target_b) ** 2).mean())
 
-    def refine(self, pose: np.ndarray, frame: np.ndarray, sigma: float, iters: int, ss: int = 1) -> np.ndarray:
-        """Levenberg-Marquardt at one blur level (renders with ss x ss rays a pixel); returns the improved pose."""
+    def refine(self, pose: np.ndarray, frame: np.ndarray, sigma: float, iters: int, ss: int = 1,
+               tol: float = 1e-4) -> np.ndarray:
+        """Levenberg-Marquardt at one blur level (renders with ss x ss rays a pixel) until a step is below tol
+        radians and 5 tol metres; returns the improved pose."""
         target = _blur(frame, sigma)
         rgb, depth = self.render(pose, ss)
         rb = _blur(rgb, sigma)
@@ -180,7 +182,7 @@ class _Aligner:
                     lam = max(lam / 10, 1e-6)
                     break
                 lam *= 10
-            if not improved or (np.linalg.norm(delta[3:]) < 1e-4 and np.linalg.norm(delta[:3]) < 5e-4):
+            if not improved or (np.linalg.norm(delta[3:]) < tol and np.linalg.norm(delta[:3]) < 5 * tol):
                 break
         return pose
 
@@ -191,7 +193,8 @@ def estimate_exact(frames, K, scene: Scene, max_side: int = 96, supersample: int
     """(F, 4, 4) float64 camera-to-world poses of frames (F, 3, H, W) in [0, 1] (numpy or torch) of `scene` with
     intrinsics K (3, 3) (OpenCV's pixel convention), relative to frame 0; NaN rows where the best render correlates
     with the frame less than min_ncc. `start`: frame 0's first guess (default the scene's source pose); `sigmas`:
-    the blur levels as fractions of the working width (0: 0.5 px). Module docstring: how."""
+    the blur levels as fractions of the working width (0: 0.5 px); iters: LM iterations per level (twice that at the
+    finest, where the render's sub-pixel steps make convergence slow). Module docstring: how."""
     if hasattr(frames, "detach"):
         frames = frames.detach().cpu().float().numpy()
     frames = np.asarray(frames, dtype=np.float64)
@@ -204,6 +207,9 @@ def estimate_exact(frames, K, scene: Scene, max_side: int = 96, supersample: int
     work, kw = working_frames(np.clip(frames, 0.0, 1.0), K, max_side)
     _, _, h, w = work.shape
     al = _Aligner(scene, kw, h, w, supersample)
+    # the guesses are told apart at the coarsest blur, where half the pixels show the same: scored at half size
+    half, khalf = working_frames(work, kw, max(h, w) // 2) if max(h, w) >= 32 else (work, kw)
+    al_half = _Aligner(scene, khalf, half.shape[2], half.shape[3], 1)
     # coarse levels: one ray a pixel (the blur hides aliasing); the finest: `supersample` rays, as exact as it gets
     px = [max(0.5, s * w) for s in sigmas]
     poses = []
@@ -222,10 +228,16 @@ def estimate_exact(frames, K, scene: Scene, max_side: int = 96, supersample: int
             guesses = [prev] + [prev @ b for b in BANK]
             if j >= 2:
                 guesses.append(prev @ np.linalg.inv(poses[-2]) @ prev)
-        target = _blur(frame, px[0])
-        pose = min(guesses, key=lambda g: al.cost(g, target, px[0])) if len(guesses) > 1 else guesses[0]
+        if len(guesses) > 1:
+            sig = px[0] * half.shape[3] / w
+            target = _blur(half[j], sig)
+            pose = min(guesses, key=lambda g: al_half.cost(g, target, sig))
+        else:
+            pose = guesses[0]
         for k, s in enumerate(px):
-            pose = al.refine(pose, frame, s, iters, supersample if k == len(px) - 1 else 1)
+            last = k == len(px) - 1  # coarse levels only need to bring the pose into the next one's reach
+            pose = al.refine(pose, frame, s, 2 * iters if last else iters, supersample if last else 1,
+                             1e-4 if last else 1e-3)
         poses.append(pose)
         mid = px[min(1, len(px) - 1)]
         out[j] = pose if _ncc(_blur(al.render(pose)[0], mid), _blur(frame, mid)) >= min_ncc else np.nan

@@ -206,3 +206,26 @@ def preset_name(cam_type: Union[int, str]) -> str:
     """ReCamMaster's name of a preset ("pan right" for 1)."""
     key = str(cam_type).strip().lower()
     return CAM_TYPES[int(key)] if key.isdigit() and int(key) in CAM_TYPES else key
+
+
+OPPOSITE_WORD = {"left": "right", "right": "left", "up": "down", "down": "up", "in": "out", "out": "in"}
+_REFLECT_X, _REFLECT_Y, _REFLECT_Z = np.diag([-1.0, 1.0, 1.0]), np.diag([1.0, -1.0, 1.0]), np.diag([1.0, 1.0, -1.0])
+
+
+def opposite_motion(path: np.ndarray, name: str) -> Tuple[np.ndarray, str]:
+    """(path (F, 4, 4), name) of the OPPOSITE motion of `path` (F, 4, 4) named `name` (ReCamMaster's words, e.g.
+    "pan right"): the path conjugated by the reflection S of its main axis (R -> S R S, t -> S t; S S = I, so twice is
+    the identity) and the direction word swapped. Main axis: left / right (pan, arc, translate) x, S = diag(-1, 1, 1);
+    up / down (tilt, translate) y, S = diag(1, -1, 1); in / out (zoom, dolly) z, S = diag(1, 1, -1). Pan right
+    (R_y(a)) becomes R_y(-a), tilt up R_x(a) -> R_x(-a), zoom in (+d z) -> -d z. The camera-error of tiny-recam3d's
+    pretraining data (benchmarks/pretrain_recam_video.py --mislabel opposite)."""
+    words = str(name).strip().split()
+    if len(words) != 2 or words[1] not in OPPOSITE_WORD:
+        raise ConfigError(f"room3d: no opposite for camera {name!r}; expected '<kind> left|right|up|down|in|out'")
+    s = {"left": _REFLECT_X, "right": _REFLECT_X, "up": _REFLECT_Y, "down": _REFLECT_Y,
+         "in": _REFLECT_Z, "out": _REFLECT_Z}[words[1]]
+    path = np.asarray(path, dtype=np.float64)
+    out = path.copy()
+    out[..., :3, :3] = s @ path[..., :3, :3] @ s
+    out[..., :3, 3] = path[..., :3, 3] @ s.T
+    return out, f"{words[0]} {OPPOSITE_WORD[words[1]]}"
