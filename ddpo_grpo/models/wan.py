@@ -76,6 +76,34 @@ def check_size(resolution: int, num_frames: int, spatial: int = 8, temporal: int
     return ""
 
 
+class AutocastRMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm that, under autocast, normalises in its input's dtype with its weight cast to it: torch's
+    fused rms_norm kernel needs one dtype, and a full fine-tune's float32 weight with autocast's bf16 input (the
+    q / k projections' output) otherwise takes the unfused composite path ("Mismatch dtype between input and
+    weight ... Cannot dispatch to fused implementation"), an extra float32 pass over every query and key of every
+    attention. Outside autocast (a float32 run, or a LoRA run's bf16 base whose weight is bf16 already) it is
+    torch.nn.RMSNorm exactly. The weight's cast is differentiable: a full fine-tune still trains it in float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, device = self.weight, x.device.type
+        if (w is not None and x.dtype != w.dtype and x.is_floating_point()
+                and torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):  # (not on meta)
+            return torch.nn.functional.rms_norm(x, self.normalized_shape, w.to(x.dtype), self.eps)
+        return super().forward(x)
+
+
+def fused_attention_norms(transformer: torch.nn.Module) -> torch.nn.Module:
+    """Every Wan attention's q / k RMSNorm (norm_q, norm_k, norm_added_k) as AutocastRMSNorm, in place (the class
+    only: parameters, state-dict keys and float32 results unchanged), so that under bf16 autocast q, k and v reach
+    scaled_dot_product_attention in bf16 from the fused norm (tests/test_sdpa_dtype.py). Returns the module."""
+    for module in transformer.modules():
+        for name in ("norm_q", "norm_k", "norm_added_k"):
+            norm = getattr(module, name, None)
+            if type(norm) is torch.nn.RMSNorm:
+                norm.__class__ = AutocastRMSNorm
+    return transformer
+
+
 class WanAdapter(ModelAdapter):
     name = "wan"
     pipeline_class = "WanPipeline"  # exports: its save_pretrained (full) and save_lora_weights (LoRA)
@@ -131,8 +159,10 @@ class WanAdapter(ModelAdapter):
         return self.wrap(parts, family, path, resolution, num_frames)
 
     def wrap(self, parts: dict, family: str, path: str, resolution: int = 0, num_frames: int = 0) -> LoadedPipeline:
-        """A WanLoadedPipeline over the components (frozen) by their pipeline names."""
+        """A WanLoadedPipeline over the components (frozen) by their pipeline names; the transformer's q / k norms
+        fused under autocast (fused_attention_norms)."""
         freeze(*parts.values())
+        fused_attention_norms(parts["transformer"])
         res = int(resolution or 0)
         return WanLoadedPipeline(parts["transformer"], parts["text_encoder"], parts["tokenizer"], parts["scheduler"],
                                  parts["vae"], family, path, adapter=self, components=parts, resolution=res,

@@ -46,6 +46,7 @@ AUTOCAST_LOW = frozenset(("conv1d", "conv2d", "conv3d", "conv_transpose1d", "con
 # runs in its inputs' widest dtype (a bf16 + fp32 residual add is fp32), as under autocast.
 AUTOCAST_FP32 = frozenset(("group_norm", "layer_norm", "rms_norm", "softmax", "log_softmax"))
 _EMULATED = [None]  # the AutocastEmulation in force (read by _flash_sdpa)
+_UNCOUNTED = [0]  # > 0 while the emulation casts a parameter: LiveBytes does not count what is made then
 
 
 class AutocastEmulation(torch.overrides.TorchFunctionMode):
@@ -67,7 +68,14 @@ class AutocastEmulation(torch.overrides.TorchFunctionMode):
         if isinstance(t, torch.nn.Parameter):
             key = (id(t), dtype)
             if key not in self._weights:
-                self._weights[key] = t.to(dtype)
+                # Not a working-set tensor: a LoRA run holds its frozen base in this dtype already (no cast), and a
+                # full fine-tune's cast cache is the plan's static "autocast weight casts" row. LiveBytes counting
+                # it made FLUX's 8-row sampling call 22 GiB of weights a second time (issue 61).
+                _UNCOUNTED[0] += 1
+                try:
+                    self._weights[key] = t.to(dtype)
+                finally:
+                    _UNCOUNTED[0] -= 1
                 self.skip[id(self._weights[key])] = self._weights[key]
             return self._weights[key]
         return t.to(dtype)
@@ -171,6 +179,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if _UNCOUNTED[0]:
+            return out
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for ret, t in zip(func._schema.returns, outs):
             if isinstance(t, torch.Tensor) and ret.alias_info is None:  # an alias (view, in-place) is not new memory
@@ -182,7 +192,8 @@ class LiveBytes(TorchDispatchMode):
 
 
 def nograd_peak_bytes(fn, precision: str = "no") -> int:
-    """Peak bytes of the tensors `fn()` makes under no_grad (its inputs and parameters excluded: made before), in
+    """Peak bytes of the tensors `fn()` makes under no_grad (its inputs and parameters excluded: made before; the
+    emulation's casts of parameters too: weights are the plan's static rows, counted once there), in
     fp32 or under emulated autocast (AutocastEmulation): the working set of a sampling call or a VAE decode. Meta."""
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     emulation = AutocastEmulation(low) if low is not None else contextlib.nullcontext()

@@ -14,8 +14,9 @@ again with them.
 
 Dtypes (a LoRA run's frozen base in the run's dtype, LoRA tensors, gradients and Adam state in fp32; a full
 fine-tune's fp32 master weights; DeepSpeed's 2 + 2 + 12 bytes per parameter under mixed precision, the ZeRO paper's
-accounting) follow what the trainer holds; what the plan leaves out (the CUDA/CANN context, allocator
-fragmentation, sampling-phase peaks such as the VAE decode) is MARGIN of the device.
+accounting) follow what the trainer holds. The plan is of allocated bytes (torch.cuda.max_memory_allocated's
+measure), each weight counted once (in the static rows, never again in a phase's working set); what it leaves out
+(the CUDA/CANN context, the caching allocator's reserved but unallocated blocks) is MARGIN of the device.
 """
 from __future__ import annotations
 
@@ -113,12 +114,17 @@ def plan(c: ModelCounts, s: Settings, e: Engine) -> List[Tuple[str, float]]:
     return rows
 
 
-# The VAE decode's working set beyond the tensors a live count sees (meta_counts.nograd_peak_bytes): buffers made and
-# freed inside one op (convolution workspaces and im2col, group norm's float32 copies under autocast). Measured, not
-# derived: SD 1.5's decode of 8 images at 512 px peaked at 1.35x its live count on an H100 (torch 2.11, bf16: the
-# sampling phase 9.20 GiB against 2.32 static + 5.09 counted; docs/performance.md) and one image in float32 on this
-# CPU at 1.25x (0.94 against 0.75 GiB). The larger is used: the plan must not promise a fit the device refuses.
-DECODE_TRANSIENTS = 1.35
+# The VAE decode's working set beyond the tensors a live count sees (meta_counts' nograd_peak_bytes: weights
+# excluded), per VAE kind (meta_counts.decode_kind), as peak / live count of the same decode:
+# - "image" (2-D AutoencoderKL under the run's autocast): 1.38, measured on an H100 (torch 2.11, bf16): SD 1.5's
+#   decode of 8 images at 512 px, the sampling phase's 9.20 GiB less 2.32 static, against 5.00 GiB counted. On this
+#   CPU a traced allocated peak (torch.profiler's allocations, float32) is 1.26-1.30x the count, which one layout copy
+#   of each convolution's input alive with its output reproduces (1.25); cuDNN's workspaces add the rest on the GPU.
+# - "video3d" (Wan's causal 3-D VAE, float32 with autocast off, decoded chunk by chunk with its feature cache): 1.13,
+#   the traced CPU peak of that same float32 decode at Wan 2.1's VAE widths against its count (1.125 at 64 px x 5
+#   frames, 1.085 at 128 px x 9: the larger kept); the layout-copy model gives 1.11. Its GPU ratio is to be measured (docs/performance.md).
+# The plan must not promise a fit the device refuses: the larger of CPU and GPU where both are known.
+DECODE_TRANSIENTS = {"image": 1.38, "video3d": 1.13}
 
 
 def phases(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
@@ -135,8 +141,9 @@ def phases(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
     if c.sampling_bytes is not None and s.sample_rows:
         out.append((f"sampling call, no grad ({s.sample_rows} rows)", float(c.sampling_bytes)))
     if c.decode_bytes is not None:
-        out.append((f"VAE decode of a sampling batch, no grad (x{DECODE_TRANSIENTS} transient buffers)",
-                    float(c.decode_bytes) * DECODE_TRANSIENTS))
+        factor = DECODE_TRANSIENTS[c.decode_kind]
+        out.append((f"VAE decode of a sampling batch, no grad (x{factor} transient buffers, {c.decode_kind} VAE)",
+                    float(c.decode_bytes) * factor))
     peak = max(range(len(out)), key=lambda i: out[i][1])
     return [(label, b) if i == peak else (f"{label}: {b / GiB:.2f}, below the peak phase", 0.0)
             for i, (label, b) in enumerate(out)]

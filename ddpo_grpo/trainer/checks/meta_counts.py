@@ -42,6 +42,8 @@ class ModelCounts:
     trained_steps: int = 1  # trainable stored steps per sample (sampler's columns with std >= train.min_step_std)
     sampling_bytes: Optional[int] = None  # working set of one no-grad sampling call (all its rows, CFG included)
     decode_bytes: Optional[int] = None  # working set of decoding one sampling batch (a video: all its frames)
+    decode_kind: str = "image"  # memory_plan.DECODE_TRANSIENTS' key: "image" (2-D VAE, autocast) or "video3d"
+    # (a latents_mean / latents_std 3-D VAE, Wan's: decoded in its own float32 with autocast off)
     pixel_shape: Tuple[int, ...] = ()  # a decoded sample's ([frames,] height, width) in px, for the reader
     tokens_per_frame: Tuple[int, ...] = ()  # a video transformer's (rows, columns) of patches per latent frame
 
@@ -165,9 +167,21 @@ def trained_steps(config, pipe) -> int:
                                      config)) for r in windows)
 
 
+def decode_kind(vae) -> str:
+    """"video3d" for a VAE that core.pipeline_with_logprob.decode runs in its own dtype with autocast off (a
+    latents_mean / latents_std VAE without scaling_factor: Wan's AutoencoderKLWan, float32 by
+    models.base.component_dtype), else "image" (decoded under the run's autocast)."""
+    cfg = getattr(vae, "config", None)
+    if cfg is not None and getattr(cfg, "scaling_factor", None) is None and getattr(cfg, "latents_mean", None) is not None:
+        return "video3d"
+    return "image"
+
+
 def phase_bytes(config, pipe, precision: str) -> tuple:
     """(sampling, decode): the no-grad working sets of one sampling call (sample.batch_size rows, x2 under CFG) and
-    of decoding one sampling batch through core.pipeline_with_logprob.decode (a video: every frame), on meta."""
+    of decoding one sampling batch through core.pipeline_with_logprob.decode (a video: every frame), on meta.
+    Weights are not in them (the plan's static rows hold them once). A "video3d" VAE decodes with autocast off in
+    its float32 (decode's rule), so its decode is counted in float32 whatever the run's precision."""
     from ddpo_grpo.core.pipeline_with_logprob import decode
 
     B = int(config.sample.batch_size)
@@ -178,7 +192,8 @@ def phase_bytes(config, pipe, precision: str) -> tuple:
     decoding = None
     if pipe.vae is not None:
         z = torch.zeros(B, *pipe.sample_shape, device="meta")
-        decoding = nograd_peak_bytes(lambda: decode(pipe.vae, z), precision)
+        decoding = nograd_peak_bytes(lambda: decode(pipe.vae, z),
+                                     "no" if decode_kind(pipe.vae) == "video3d" else precision)
     return sampling, decoding
 
 
@@ -218,4 +233,4 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
                        act_bytes=act, act_bytes_ckpt=act_ckpt, sample_shape=tuple(pipe.sample_shape),
                        act_precision=precision, trained_steps=trained_steps(config, pipe), sampling_bytes=sampling,
-                       decode_bytes=decoding, **dict(zip(("pixel_shape", "tokens_per_frame"), planned_sizes(pipe))))
+                       decode_bytes=decoding, decode_kind=decode_kind(pipe.vae), **dict(zip(("pixel_shape", "tokens_per_frame"), planned_sizes(pipe))))
