@@ -75,7 +75,9 @@ GPU_CHECK = {
     "sdxl-random": (65, 4, 8, False, {}),
     "wan21-1.3b-random": (85, 2, 4, False, {"pretrained.num_frames": 17}),
     # recam at the 480 x 480 px it was timed at (its config's own size is 480 x 832 since issue 46: 1.7x the tokens)
+    # and on the 2-D video world (its config's room3d ray-casts 480 px frames on the host: seconds a condition)
     "recam-1.3b-random": (95, 2, 2, True, {"pretrained.num_frames": 17, "reward.fns": {"jpeg_compressibility": 1.0},
+                                           "data.name": "recam_video",
                                            "reward.kwargs": {}, "pretrained.resolution": 480, "pretrained.height": 0,
                                            "pretrained.width": 0}),
     "flux-dev-random": (90, 8, 6, True, {}),

@@ -31,11 +31,14 @@ def recam():
 
     The default model is its random real-shape build (recam-1.3b-random, GPU only), so a dry run checks the geometry
     anywhere. Size: ReCamMaster's only one, 81 frames x 480 x 832 px (21 latent frames x 60 x 104, 30 x 52 tokens per
-    frame). Conditions: the video camera world (data.name recam_video) rendered at that size; MultiCamVideo
-    (data.name multicam) or a user's own dataset as items with "source_video" (F, 3, H, W) and "cameras" (F', 12)
-    (docs/recam.md)."""
+    frame). Conditions: the 3-D camera world (data.name room3d) rendered at that size; MultiCamVideo
+    (data.name multicam) or a user's own dataset as items with "source_video" (F, 3, H, W), "cameras" (F', 12) and
+    "intrinsics" (fx, fy, cx, cy) (docs/recam.md); cam_score reads their camera in 3-D."""
     config = _recam_seed_report(base.get_config())
-    config.data.name = "recam_video"
+    # the 3-D camera world (worlds/room3d) at ReCamMaster's size: pans and tilts turn the camera, as on real video,
+    # and cam_score reads it in 3-D with the default estimator (OpenCV two-view geometry), two worker processes a GPU
+    config.data.name = "room3d"
+    config.reward.kwargs = dict(config.reward.kwargs, cam_score={"pose_estimator": "two_view", "workers": 2})
     config.pretrained.model = "recam-1.3b-random"
     config.pretrained.recam_checkpoint = ""
     config.pretrained.resolution = 0  # the size is height x width below
@@ -88,6 +91,7 @@ def recam_video_tiny():
     group advantages (the demo's: re-noised at u >= 0.6, soft-updated sampling policy, 4 optimizer steps per epoch):
     the clipped-ratio GRPO loss at the same budget did not raise held-out cam_score here (docs/recam.md)."""
     config = _recam_on_cpu(recam())
+    config.data.name = "recam_video"  # the 2-D video world it was pretrained and measured on (cam_score's 2-D reading)
     config.pretrained.model = "tiny-recam-video"
     # As measured (docs/recam.md): the bundled model's own scheduler grid, no CFG (so no negative prompt).
     config.sample.flow_grid, config.sample.flow_shift, config.sample.negative_prompt = "scheduler", 0.0, ""
