@@ -321,6 +321,8 @@ def test_trains_recam_video_tiny_non_square_on_multicam(dataset, tmp_path):
     dump = json.load(open(sorted((tmp_path / "logs" / "mc" / "debug").glob("*.json"))[0]))
     keys = set(int(k) for k in dump["keys_all"])
     assert keys and keys <= set(train.indices) and not {k // 10000 for k in keys} & held_scenes
+    history = json.load(open(tmp_path / "logs" / "mc" / "summary.json"))["history"][0]
+    assert "cam_score/cam_score_accuracy" in history  # the recipe's own reward ran (read in 3-D: no 2-D motions here)
     exp = json.load(open(tmp_path / "logs" / "mc" / "export" / "export.json"))
     assert (exp["height"], exp["width"], exp["num_frames"]) == (32, 48, 9)
     r = subprocess.run(args + ["--config.data.max_bad_fraction=0.0"], cwd=ROOT, env=cpu_env(), capture_output=True,
