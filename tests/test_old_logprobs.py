@@ -268,35 +268,27 @@ def run_epochs(ctx, epochs, call_rows=0, **kw):
     return m
 
 
-def test_auto_rescores_a_bit_exact_sampler_in_its_first_epoch_only(gpu_regime):
-    """The issue's done-when. The row-count fault's denoiser sampled in the training calls' shape (4 samples per
-    call, [uncond; cond] as training lays them out): the sampler's log-probs are the training calls' bit for bit, so
-    "auto" re-scores epoch 0, finds them equal and trains on the sampler's log-probs from then on (3 epochs: 1
-    re-scored, 2 on the sampler's; ratio exactly 1 before every first update at lr > 0). Sampled in one call of 8
-    (the per-shape fault; DDIM): every epoch re-scored, each with |r - 1| == 0."""
+def test_auto_rescores_a_bit_exact_sampler_once_and_the_row_fault_every_epoch(gpu_regime):
+    """The issue's done-when, in process (the 3-epoch run through scripts/train.py is the last test). The row-count
+    fault's denoiser (flow) sampled in the training calls' shape (4 samples per call, [uncond; cond] as training lays
+    them out): the sampler's log-probs are the training calls' bit for bit, so "auto" re-scores epoch 0, finds them
+    equal and trains on the sampler's in epoch 1 (ratio exactly 1 before each first update at lr > 0). Sampled in one
+    call of 8 (the per-shape fault; DDIM): both epochs re-scored, each with |r - 1| == 0. (The re-verification
+    cadence is tested by hand above.)"""
     ctx = make_ctx("flow", old_logprobs="auto", lr=1e-4)
-    m = run_epochs(ctx, 3, call_rows=4)
-    flags = [h["train"]["old_logprobs_rescored"] for h in ctx.state.history]
-    assert flags == [1.0, 0.0, 0.0] and ctx.state.history[0]["train"]["old_logprobs_bit_exact"] == 1.0
+    m = run_epochs(ctx, 2, call_rows=4)
+    assert [h["train"]["old_logprobs_rescored"] for h in ctx.state.history] == [1.0, 0.0]
+    assert ctx.state.history[0]["train"]["old_logprobs_bit_exact"] == 1.0
     assert ctx.state.history[0]["train"]["sampler_gap_max"] == 0.0
-    assert (m["old_logprobs_rescored_epochs"], m["old_logprobs_sampler_epochs"]) == (1.0, 2.0)
+    assert (m["old_logprobs_rescored_epochs"], m["old_logprobs_sampler_epochs"]) == (1.0, 1.0)
     assert all(h["train"]["onpolicy_ratio_max_dev"] == 0.0 for h in ctx.state.history)
-    assert ctx.state.global_step == 6  # 3 epochs x 2 steps: every epoch trained
+    assert ctx.state.global_step == 4  # 2 epochs x 2 steps: every epoch trained
     ctx = make_ctx("ddim", old_logprobs="auto", lr=1e-4)
-    m = run_epochs(ctx, 3, call_rows=0)
-    assert [h["train"]["old_logprobs_rescored"] for h in ctx.state.history] == [1.0, 1.0, 1.0]
-    assert [h["train"]["old_logprobs_bit_exact"] for h in ctx.state.history] == [0.0, 0.0, 0.0]
-    assert (m["old_logprobs_rescored_epochs"], m["old_logprobs_sampler_epochs"]) == (3.0, 0.0)
+    m = run_epochs(ctx, 2, call_rows=0)
+    assert [h["train"]["old_logprobs_rescored"] for h in ctx.state.history] == [1.0, 1.0]
+    assert [h["train"]["old_logprobs_bit_exact"] for h in ctx.state.history] == [0.0, 0.0]
+    assert (m["old_logprobs_rescored_epochs"], m["old_logprobs_sampler_epochs"]) == (2.0, 0.0)
     assert all(h["train"]["onpolicy_ratio_max_dev"] == 0.0 for h in ctx.state.history)
-
-
-def test_auto_reverifies_every_n_epochs():
-    """old_logprobs_verify_every=2 over 3 bit-exact epochs (float32, no fault): re-scored at 0 and 2."""
-    ctx = make_ctx("ddim", old_logprobs="auto", lr=1e-4, fault=0.0, verify_every=2)
-    m = run_epochs(ctx, 3, call_rows=4)
-    assert [h["train"]["old_logprobs_rescored"] for h in ctx.state.history] == [1.0, 0.0, 1.0]
-    assert [h["train"].get("old_logprobs_bit_exact") for h in ctx.state.history] == [1.0, None, 1.0]
-    assert (m["old_logprobs_rescored_epochs"], m["old_logprobs_sampler_epochs"]) == (2.0, 1.0)
 
 
 @pytest.mark.parametrize("mode", ["auto", "rescore"])
