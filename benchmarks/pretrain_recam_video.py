@@ -14,6 +14,19 @@ Saved: <out>/ as WanPipeline.save_pretrained writes it (the transformer without 
 loads the folder), <out>/recammaster.ckpt (the DiT with camera layers under the original Wan key names, as ReCamMaster
 saves a checkpoint) and <out>/pretrain_meta.json. Conditions come from a pool of clips drawn from fresh seeds (not the
 train / eval indices of RecamVideoConditions). Seeded; on one CPU core.
+
+The 3-D world ("tiny-recam3d", issue 59):
+
+    python benchmarks/pretrain_recam_video.py --world room3d --height 32 --width 48 --mislabel opposite \
+        --mislabel-fraction 0.5 --out assets/tiny-recam3d
+
+pools clips of the room3d world (worlds/room3d): random rooms whose seeds (ROOM3D_SCENE_SEED + i) are not the scene
+seeds of Room3DConditions' splits, random paths of every kind (`paths.random_motion`, kept inside the room and clear of
+the objects as Room3DConditions keeps them), the static source clip, the exact target render, the camera numbers
+(`clip_cameras`) and the prompt as Room3DConditions writes it ("<scene description>, camera <name>"). With
+`--mislabel opposite`, a seeded `--mislabel-fraction` of the pool is conditioned on the OPPOSITE motion of its target
+clip (`paths.opposite_motion`: the camera numbers AND the prompt's camera word), so the model, asked for a camera,
+produces it or its opposite: a known, shared camera error (the video analogue of tiny-t2i-noisy's colour word).
 """
 from __future__ import annotations
 
@@ -32,17 +45,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
 from ddpo_grpo.worlds.recam.video import sample_video_condition  # noqa: E402
+from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
+from ddpo_grpo.worlds.room3d.render import intrinsics as room3d_intrinsics, render_clip, render_view  # noqa: E402
+from ddpo_grpo.worlds.room3d.scene import COLOURS, clear_of_objects, inside_room, make_scene, source_pose  # noqa: E402
 
 POOL_SEED = 10_000  # pool conditions use rng (POOL_SEED, i): disjoint from the dataset's (seed, index) streams
+# room3d pool rooms: make_scene(ROOM3D_SCENE_SEED + i). Room3DConditions' rooms are seed * 1000003 + index with index
+# < 576, so they reach this range only for seed >= 900 (the trainer's data seeds are small).
+ROOM3D_SCENE_SEED = 900_000_000
 Z_DIM = 8
 FLOW_SHIFT = 3.0
 
 
-def build_parts(seed: int):
+def build_parts(seed: int, extra_words=()):
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     words = ["camera", "pan", "tilt", "zoom", "translate", "arc", "left", "right", "up", "down", "in", "out", ","]
+    words += list(extra_words)  # room3d's scene descriptions (the 2-D world's tokenizer stays as it was)
     from ddpo_grpo.worlds.toyworld.dataset import vocabulary
 
     tok = build_umt5_tokenizer(sorted(set(vocabulary()) | set(words) | {"a", "an", "and", "the"}))
@@ -73,6 +93,61 @@ def make_pool(n: int, frames: int, size: int):
     return (torch.from_numpy(np.stack(src)), torch.from_numpy(np.stack(tgt)), torch.from_numpy(np.stack(cams)), prompts)
 
 
+def room3d_clip(i: int, frames: int, height: int, width: int, supersample: int, mislabel: str, fraction: float):
+    """One pool item of the 3-D world: (source (F, 3, H, W), target (F, 3, H, W), cameras (F', 12), prompt, flipped)
+    with the camera conditioning of the opposite motion when this item is mislabelled (module docstring)."""
+    rng = np.random.default_rng((POOL_SEED, i, 59))
+    scene = make_scene(ROOM3D_SCENE_SEED + i)
+    src = source_pose(scene)
+    kind = room3d_paths.RANDOM_KINDS[int(rng.integers(len(room3d_paths.RANDOM_KINDS)))]
+    for _ in range(20):  # as Room3DConditions: the path stays inside the room and clear of the objects
+        path, name = room3d_paths.random_motion(rng, kind, frames)
+        pos = (src @ path)[:, :3, 3]
+        if inside_room(pos).all() and clear_of_objects(scene, pos).all():
+            break
+    flipped = mislabel == "opposite" and rng.random() < fraction
+    K = room3d_intrinsics(height, width)
+    still = render_view(scene, src, K, height, width, supersample)
+    target = render_clip(scene, src @ path, K, height, width, supersample)
+    label_path, label = room3d_paths.opposite_motion(path, name) if flipped else (path, name)
+    return (np.repeat(still[None], frames, axis=0), target, room3d_paths.clip_cameras(label_path),
+            f"{scene.describe()}, camera {label}", flipped)
+
+
+def _room3d_job(a):
+    return room3d_clip(*a)
+
+
+def make_room3d_pool(n: int, frames: int, height: int, width: int, supersample: int, mislabel: str, fraction: float,
+                     workers: int):
+    jobs = [(i, frames, height, width, supersample, mislabel, fraction) for i in range(n)]
+    if workers > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(workers) as pool:
+            items = pool.map(_room3d_job, jobs, chunksize=16)
+    else:
+        items = [_room3d_job(a) for a in jobs]
+    src, tgt, cams, prompts, flipped = zip(*items)
+    print(f"room3d pool: {sum(flipped)} of {n} clips conditioned on the opposite camera", flush=True)
+    return (torch.from_numpy(np.stack(src)), torch.from_numpy(np.stack(tgt)), torch.from_numpy(np.stack(cams)),
+            list(prompts))
+
+
+def _bigger_pool(pool_file: str, n: int):
+    """A cached room3d pool file of the same settings and more than n items, or None."""
+    import glob
+
+    head, tail = pool_file.split(f"_{n}_", 1)
+    for f in sorted(glob.glob(f"{head}_*_{tail}")):
+        try:
+            if int(f[len(head) + 1:].split("_", 1)[0]) > n:
+                return f
+        except ValueError:
+            continue
+    return None
+
+
 def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]
     return frames.permute(0, 2, 1, 3, 4) * 2 - 1
 
@@ -89,13 +164,44 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--world", choices=["recam", "room3d"], default="recam",
+                    help="recam: the 2-D video world (square --size); room3d: the 3-D camera world (--height x --width)")
+    ap.add_argument("--height", type=int, default=32, help="room3d frame height (px)")
+    ap.add_argument("--width", type=int, default=48, help="room3d frame width (px)")
+    ap.add_argument("--supersample", type=int, default=2, help="room3d rays per pixel per side (Room3DConditions': 2)")
+    ap.add_argument("--mislabel", choices=["none", "opposite"], default="none",
+                    help="room3d: condition a fraction of the pool on the opposite camera motion")
+    ap.add_argument("--mislabel-fraction", type=float, default=0.5)
+    ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
+    ap.add_argument("--snapshots", default=None, help="snapshot folder (default <out>_snapshots)")
     args = ap.parse_args()
+    if args.world == "recam" and args.mislabel != "none":
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError("--mislabel is a room3d option (--world room3d)")
+    if not 0.0 <= args.mislabel_fraction <= 1.0:
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError(f"--mislabel-fraction must be in [0, 1], got {args.mislabel_fraction}")
+    if args.world == "room3d":
+        room3d_paths.check_num_frames(args.frames)
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    parts = build_parts(args.seed)
-    pool_file = f"/tmp/recam_video_pool_{args.pool}_{args.frames}_{args.size}.pt"
+    parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else ())
+    if args.world == "room3d":
+        pool_file = (f"/tmp/room3d_pool_{args.pool}_{args.frames}_{args.height}x{args.width}_ss{args.supersample}_"
+                     f"{args.mislabel}{args.mislabel_fraction}.pt")
+    else:
+        pool_file = f"/tmp/recam_video_pool_{args.pool}_{args.frames}_{args.size}.pt"
+    bigger = _bigger_pool(pool_file, args.pool) if args.world == "room3d" else None
     if os.path.isfile(pool_file):
         src, tgt, cams, prompts = torch.load(pool_file)
+    elif bigger:  # item i does not depend on the pool's size: the first args.pool items of a bigger pool are this one
+        src, tgt, cams, prompts = (v[:args.pool] for v in torch.load(bigger))
+    elif args.world == "room3d":
+        src, tgt, cams, prompts = make_room3d_pool(args.pool, args.frames, args.height, args.width, args.supersample,
+                                                   args.mislabel, args.mislabel_fraction, args.threads)
+        torch.save((src, tgt, cams, prompts), pool_file)
     else:
         src, tgt, cams, prompts = make_pool(args.pool, args.frames, args.size)
         torch.save((src, tgt, cams, prompts), pool_file)
@@ -180,7 +286,7 @@ def main() -> None:
         sched.step()
         if step % 100 == 0 or step == 1:
             print(f"dit {step}/{args.dit_steps} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
-        if step % 1000 == 0 or step == args.dit_steps:
+        if step % args.snapshot_every == 0 or step == args.dit_steps:
             save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step, seconds=round(time.time() - t0),
                                                 vae_mean_abs_error=rec_err), step)
 
@@ -189,7 +295,7 @@ def save(args, parts, transformer, meta, step) -> None:
     """The folder (plain WanPipeline, camera tensors left out) + recammaster.ckpt; snapshots at <out>_snapshots/stepN."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    out = args.out if step == args.dit_steps else os.path.join(args.out + "_snapshots", f"step{step}")
+    out = args.out if step == args.dit_steps else os.path.join(args.snapshots or args.out + "_snapshots", f"step{step}")
     tmp = out + ".tmp"
     plain = WanTransformer3DModel.from_config(transformer.config)
     plain.load_state_dict({k: v for k, v in transformer.state_dict().items()
@@ -198,7 +304,8 @@ def save(args, parts, transformer, meta, step) -> None:
                 scheduler=parts["scheduler"]).save_pretrained(tmp)
     torch.save(original_state(transformer), os.path.join(tmp, EXPORT_CHECKPOINT))
     with open(os.path.join(tmp, "pretrain_meta.json"), "w") as f:
-        json.dump(dict(meta, args=vars(args), script="benchmarks/pretrain_recam_video.py"), f, indent=1)
+        json.dump(dict(meta, args=vars(args), script="benchmarks/pretrain_recam_video.py",
+                       command="python " + " ".join(sys.argv)), f, indent=1)
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
