@@ -51,3 +51,29 @@ def test_opposite_twice_is_the_identity_and_keeps_rotations_proper():
 def test_opposite_of_an_unknown_name_is_one_error():
     with pytest.raises(ConfigError, match="no opposite"):
         opposite_motion(np.tile(np.eye(4), (9, 1, 1)), "spin")
+
+
+def test_pretraining_pool_item_is_labelled_with_the_opposite_camera():
+    """benchmarks/pretrain_recam_video.py's room3d pool: a mislabelled item's target clip is the true path's render
+    while its camera numbers and prompt word describe the opposite motion; fraction 0 labels it truly."""
+    from benchmarks.pretrain_recam_video import POOL_SEED, ROOM3D_SCENE_SEED, room3d_clip
+    from ddpo_grpo.worlds.room3d.paths import clip_cameras
+    from ddpo_grpo.worlds.room3d.render import intrinsics, render_clip
+    from ddpo_grpo.worlds.room3d.scene import make_scene, source_pose
+
+    src_t, tgt_t, cams_t, prompt_t, flip_t = room3d_clip(3, 9, 16, 24, 1, "opposite", 0.0)
+    src_f, tgt_f, cams_f, prompt_f, flip_f = room3d_clip(3, 9, 16, 24, 1, "opposite", 1.0)
+    assert not flip_t and flip_f
+    np.testing.assert_array_equal(tgt_t, tgt_f)  # the same clip, only its label differs
+    np.testing.assert_array_equal(src_t, src_f)
+    assert src_t.shape == tgt_t.shape == (9, 3, 16, 24) and cams_t.shape == (3, 12)
+    # the true label is the pool's own path: re-draw it as room3d_clip does and compare the render and the numbers
+    rng = np.random.default_rng((POOL_SEED, 3, 59))
+    scene = make_scene(ROOM3D_SCENE_SEED + 3)
+    kind = RANDOM_KINDS[int(rng.integers(len(RANDOM_KINDS)))]
+    path, name = random_motion(rng, kind, 9)  # the first draw (kept when it stays clear of the room: checked below)
+    np.testing.assert_allclose(render_clip(scene, source_pose(scene) @ path, intrinsics(16, 24), 16, 24, 1), tgt_t)
+    np.testing.assert_allclose(cams_t, clip_cameras(path), atol=1e-6)
+    opp_path, opp_name = opposite_motion(path, name)
+    np.testing.assert_allclose(cams_f, clip_cameras(opp_path), atol=1e-6)
+    assert prompt_t == f"{scene.describe()}, camera {name}" and prompt_f == f"{scene.describe()}, camera {opp_name}"
