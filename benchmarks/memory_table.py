@@ -99,8 +99,9 @@ def table() -> str:
             grads = sum(b for k, b in rows.items() if k.startswith(("gradients", "DDP"))) / mp.GiB
             optim = sum(b for k, b in rows.items() if k.startswith("optimizer")) / mp.GiB
             per_sample = s.steps_per_call * s.train_cfg  # training rows per sample (counted in bf16 already)
-            act = counts.act_bytes * per_sample / mp.GiB
-            act_ckpt = counts.act_bytes_ckpt * per_sample / mp.GiB
+            full_or_lora = ((counts.act_bytes_lora, counts.act_bytes_ckpt_lora) if lora
+                            else (counts.act_bytes, counts.act_bytes_ckpt))  # what plan() reads for the mode
+            act, act_ckpt = (b * per_sample / mp.GiB for b in full_or_lora)
             decode = counts.decode_bytes * mp.DECODE_TRANSIENTS[counts.decode_kind] / mp.GiB
             mode = f"LoRA r{c.lora_rank}" if lora else "full"
             lines.append(f"| {label} | {shape_of(counts)} | {mode} | {params:.1f} / {grads:.1f} / {optim:.1f} | "

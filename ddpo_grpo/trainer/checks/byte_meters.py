@@ -144,12 +144,14 @@ class SavedBytes:
             _EMULATED[0] = None
 
 
-def activation_bytes(unet, inputs, checkpointing: bool, precision: str = "no") -> int:
+def activation_bytes(unet, inputs, checkpointing: bool, precision: str = "no", all_trainable: bool = True) -> int:
     """Bytes saved for backward by one training forward of `unet` on `inputs` (x, t, cond: denoiser_inputs; their
-    leading dim is the rows) every parameter trainable, in fp32 ("no") or under autocast to bf16 / fp16 (emulated:
-    AutocastEmulation); with `checkpointing`, block inputs + the largest block's bytes. Any device: on "meta" nothing
-    is computed."""
-    unet.requires_grad_(True)
+    leading dim is the rows) every parameter trainable (all_trainable=False: the parameters' requires_grad as set,
+    e.g. a LoRA run's adapters only: a frozen linear keeps no input for its weight's gradient), in fp32 ("no") or
+    under autocast to bf16 / fp16 (emulated: AutocastEmulation); with `checkpointing`, block inputs + the largest
+    block's bytes. Any device: on "meta" nothing is computed."""
+    if all_trainable:
+        unet.requires_grad_(True)
     counter = SavedBytes({"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision))
     if checkpointing:
         unet.enable_gradient_checkpointing(gradient_checkpointing_func=counter.checkpoint)

@@ -132,6 +132,9 @@ def phases(c: ModelCounts, s: Settings) -> List[Tuple[str, float]]:
     the training call's activations (per row x train_rows), a sampling call and the decode of a sampling batch (no
     grad). Rows: the largest as counted, the others at 0 bytes with their size in the label."""
     act = c.act_bytes_ckpt if s.gradient_checkpointing else c.act_bytes
+    lora_act = c.act_bytes_ckpt_lora if s.gradient_checkpointing else c.act_bytes_lora
+    if s.use_lora and lora_act is not None:  # counted with the run's adapters the only trainable parameters
+        act = lora_act
     if c.act_precision != s.precision:  # counted in another precision: scale by the element size (approximate)
         act = act * DTYPE_BYTES[s.precision] / DTYPE_BYTES[c.act_precision]
     factors = f"{s.train_batch_size} x {s.steps_per_call} step{'s' if s.steps_per_call > 1 else ''}" + (
