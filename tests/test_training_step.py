@@ -162,6 +162,7 @@ def test_kl_is_the_gaussian_kl_to_the_swapped_in_reference():
 
 def test_nonfinite_loss_is_skipped_and_counted():
     ctx = make_ctx()
+    ctx.config.train.old_logprobs = "sampling"  # the ratio uses the sampler's (auto re-scores epoch 0: finite)
     samples, adv = make_samples(ctx)
     samples.log_probs[0, :] = float("nan")  # the first micro-batch's old log-probs are corrupt
     before = [p.detach().clone() for p in ctx.unet.parameters()]
