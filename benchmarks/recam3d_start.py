@@ -109,7 +109,7 @@ def bench_estimator(n: int, workers: int, only=None) -> dict:
 
 
 @torch.no_grad()
-def sample(model: str, checkpoint: str, seeds, batch: int):
+def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0):
     from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
     from ddpo_grpo.core.policy_step import SamplerSettings
     from ddpo_grpo.models import load_pipeline
@@ -117,7 +117,7 @@ def sample(model: str, checkpoint: str, seeds, batch: int):
     pipe = load_pipeline(model, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=checkpoint)
     pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
     data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
-    jobs = [(i, s) for s in seeds for i in range(len(data))]
+    jobs = [(i, s) for s in seeds for i in range(limit or len(data))]
     clips, items = [], []
     for lo in range(0, len(jobs), batch):
         part = jobs[lo:lo + batch]
@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bench-estimator", type=int, default=0, metavar="N")
+    ap.add_argument("--limit", type=int, default=0, help="the first N held-out conditions only (a smoke run)")
     ap.add_argument("--option-sets", type=int, nargs="*", default=None, help="--bench-estimator: these OPTION_SETS only")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -160,7 +161,7 @@ def main() -> None:
     folder = resolve_model_path(args.model)
     ckpt = args.checkpoint or os.path.join(folder, "recammaster.ckpt")
     t0 = time.time()
-    clips, items, jobs = sample(folder, ckpt, args.seeds, args.batch)
+    clips, items, jobs = sample(folder, ckpt, args.seeds, args.batch, args.limit)
     t_sample = time.time() - t0
     # the requested-camera score is cam_score's own: checked on a few clips against the reward itself
     from ddpo_grpo.worlds.recam.cam_score import make_cam_score
