@@ -124,7 +124,8 @@ def test_one_split_equals_the_unbranched_sampler_with_a_one_step_window(family):
                                   latents=x_T.repeat_interleave(spec.leaves, 0), generator=g, sde_window=(1, 1))
     torch.testing.assert_close(branched.log_probs, plain.log_probs, rtol=0, atol=1e-5)
     torch.testing.assert_close(branched.latents[:, 0], plain.latents[:, 0], rtol=0, atol=1e-6)
-    torch.testing.assert_close(branched.latents[:, 1], plain.latents[:, 1], rtol=0, atol=1e-6)
+    # float32 calls of other batch shapes (the sampler calls in the training's shape): rounding, not a different step
+    torch.testing.assert_close(branched.latents[:, 1], plain.latents[:, 1], rtol=0, atol=1e-5)
     torch.testing.assert_close(branched.images, plain.images, rtol=0, atol=1e-5)
     assert branched.step_indices.tolist() == [1] and branched.transitions.tolist() == [[0, 1]]
     # siblings differ (their own noise), trees differ (their own x_T)

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from types import SimpleNamespace as NS
 
 import pytest
@@ -110,6 +111,7 @@ def test_a_signal_to_the_script_stops_the_build_and_prints_the_table(tmp_path):
                             env=dict(ENV, OUT=str(out), PYTHON=sys.executable, GPU_CHECK_SIMULATE="sd15-random=stuck"))
     for line in iter(proc.stdout.readline, ""):  # the build has started: stop the script
         if "sd15-random: starting" in line:
+            time.sleep(3)  # the script prints the line before it starts the build: let the build be running
             proc.terminate()
             break
     rest = proc.stdout.read()
