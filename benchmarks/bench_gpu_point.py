@@ -165,9 +165,11 @@ def trainer_epoch(config, device: str) -> dict:
                 t3 = time.perf_counter()
                 training_peak = _peaks(device)
                 epochs.append({k: float(v) for k, v in metrics.items() if _is_number(v)})
+                # "-" where the epoch re-scored (its metric) through a path the wrapper did not see
+                seen = counter._patched and not (epochs[-1].get("old_logprobs_rescored") and not counter.rescore_calls)
                 out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0,
                        "samples": int(len(samples.keys)),
-                       "rescore_s": counter.rescore_s if counter._patched else None,
+                       "rescore_s": counter.rescore_s if seen else None,
                        "rescore_calls": counter.rescore_calls, "rows": dict(counter.rows)}
                 if device == "cuda":  # the epoch's peak is the larger phase's (what the memory plan adds up)
                     out.update(cuda_peak_sampling_mb=sampling_peak[0], cuda_peak_training_mb=training_peak[0],

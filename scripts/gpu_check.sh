@@ -141,6 +141,10 @@ on_signal() {  # the outer runner's time-out or ^C: stop the running build, name
 }
 trap on_signal TERM INT HUP
 
+# --verbose: timeout says in the log when it sent SIGTERM / SIGKILL (the cause "time-out", not "OOM kill"); an older
+# timeout without it leaves the cause to the exit status and the build's wall time
+VERBOSE=(--verbose)
+timeout --verbose 5 true 2>/dev/null || VERBOSE=()
 SINCE=0
 while read -r model limit; do
     [ -n "$model" ] || continue
@@ -157,8 +161,7 @@ while read -r model limit; do
     CURRENT=$model
     echo "[$SECONDS s] $model: starting, time-out $limit s"
     start=$SECONDS
-    # --verbose: timeout says in the log when it sent SIGTERM / SIGKILL (the cause "time-out", not "OOM kill")
-    timeout --verbose -k "$KILL_AFTER" "$limit" "$PY" scripts/bench_gpu.py --gpu-check --model "$model" \
+    timeout ${VERBOSE[@]+"${VERBOSE[@]}"} -k "$KILL_AFTER" "$limit" "$PY" scripts/bench_gpu.py --gpu-check --model "$model" \
         --out "$OUT_DIR" ${SIM_ARGS[@]+"${SIM_ARGS[@]}"} </dev/null >"$OUT_DIR/$model.log" 2>&1 &
     BUILD_PID=$!
     wait "$BUILD_PID" 2>/dev/null  # (bash's own "Killed" notice: the row says it)
