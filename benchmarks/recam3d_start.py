@@ -110,8 +110,7 @@ def bench_estimator(n: int, workers: int, only=None) -> dict:
 
 @torch.no_grad()
 def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0):
-    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
-    from ddpo_grpo.core.policy_step import SamplerSettings
+    from benchmarks.recam_heldout import sample_clips
     from ddpo_grpo.models import load_pipeline
 
     pipe = load_pipeline(model, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=checkpoint)
@@ -122,13 +121,7 @@ def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0):
     for lo in range(0, len(jobs), batch):
         part = jobs[lo:lo + batch]
         its = [data[i] for i, _ in part]
-        cond = pipe.adapter.condition_channels(pipe, its, "cpu")
-        emb = torch.cat([pipe.encode([it["prompt"]]) for it in its])
-        gens = [torch.Generator().manual_seed(1000 * s + i) for i, s in part]
-        traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb, None,
-                                     num_inference_steps=STEPS, sample_shape=pipe.sample_shape, generator=gens,
-                                     vae=pipe.vae, deterministic=True, cond_channels=cond)
-        clips += list(traj.images.float().cpu().numpy())
+        clips += list(sample_clips(pipe, its, part, STEPS).float().cpu().numpy())
         items += its
         print(f"sampled {len(clips)}/{len(jobs)}", flush=True)
     return clips, items, jobs

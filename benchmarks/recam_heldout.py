@@ -45,6 +45,18 @@ FOLLOW_FRAMES = (4, 8)  # the frames whose estimated motion is regressed on the 
 
 
 @torch.no_grad()
+def sample_clips(pipe, items, part, steps: int = STEPS) -> torch.Tensor:
+    """Deterministic clips (B, F, 3, H, W) of a loaded ReCamMaster pipeline for condition items, the noise of job
+    (condition i, seed s) seeded by 1000 s + i: the held-out sampling both recam benchmarks share."""
+    cond = pipe.adapter.condition_channels(pipe, items, "cpu")
+    emb = torch.cat([pipe.encode([it["prompt"]]) for it in items])
+    gens = [torch.Generator().manual_seed(1000 * s + i) for i, s in part]
+    return pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb, None,
+                                 num_inference_steps=steps, sample_shape=pipe.sample_shape, generator=gens,
+                                 vae=pipe.vae, deterministic=True, cond_channels=cond).images
+
+
+@torch.no_grad()
 def scores(model: str, checkpoint: str, seeds, batch: int = 32, gains=None):
     pipe = load_pipeline(model, resolution=SIZE, num_frames=FRAMES, recam_checkpoint=checkpoint)
     data = RecamVideoConditions("eval", num_frames=FRAMES, size=SIZE)
@@ -57,14 +69,9 @@ def scores(model: str, checkpoint: str, seeds, batch: int = 32, gains=None):
         if gains is not None:  # the model reads amplified cameras; the reward still reads the requested "motions"
             items = [dict(it, cameras=torch.from_numpy(amplified_cameras(it["motions"], gains, FRAMES)))
                      for it in items]
-        cond = pipe.adapter.condition_channels(pipe, items, "cpu")
-        emb = torch.cat([pipe.encode([it["prompt"]]) for it in items])
-        gens = [torch.Generator().manual_seed(1000 * s + i) for i, s in part]
-        traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb, None,
-                                     num_inference_steps=STEPS, sample_shape=pipe.sample_shape, generator=gens,
-                                     vae=pipe.vae, deterministic=True, cond_channels=cond)
+        images = sample_clips(pipe, items, part)
         meta = [{k: v for k, v in it.items()} for it in items]
-        s, details = reward(traj.images, [it["prompt"] for it in items], meta)
+        s, details = reward(images, [it["prompt"] for it in items], meta)
         n0 = len(est)
         out.append(np.asarray(s, dtype=np.float64))
         acc.append(np.asarray(details["cam_score_accuracy"], dtype=np.float64))

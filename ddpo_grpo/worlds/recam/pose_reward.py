@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -178,7 +179,8 @@ class PoseReward:
                 frame_scores[i] = s
             met = camera_metrics(est, req)
             acc = t["measured"] & (t["rot_deg"] < self.acc_rot_deg) & ~(np.nan_to_num(t["dir_deg"]) >= self.acc_dir_deg)
-            with np.errstate(all="ignore"), _quiet():
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of an all-NaN slice: NaN, said once here
                 det["RotErr"][i], det["TransErr"][i], det["CamMC"][i] = met["RotErr"], met["TransErr"], met["CamMC"]
                 det["rot_err_deg"][i] = np.nanmean(t["rot_deg"]) if t["measured"].any() else np.nan
                 det["dir_err_deg"][i] = np.nanmean(t["dir_deg"]) if np.isfinite(t["dir_deg"]).any() else np.nan
@@ -204,20 +206,6 @@ class _Done:
 
     def result(self):
         return self.value
-
-
-class _quiet:
-    """Silences numpy's 'mean of empty slice' warnings inside a block."""
-
-    def __enter__(self):
-        import warnings
-
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *a):
-        return self._w.__exit__(*a)
 
 
 def _picklable(obj) -> bool:
