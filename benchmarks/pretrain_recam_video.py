@@ -57,7 +57,7 @@ Z_DIM = 8
 FLOW_SHIFT = 3.0
 
 
-def build_parts(seed: int, extra_words=()):
+def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int = 16):
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -71,11 +71,11 @@ def build_parts(seed: int, extra_words=()):
         vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
         relative_attention_max_distance=32, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
         decoder_start_token_id=0, tie_word_embeddings=False))
-    vae = AutoencoderKLWan(base_dim=16, z_dim=Z_DIM, dim_mult=[1, 2, 2], num_res_blocks=1,
+    vae = AutoencoderKLWan(base_dim=vae_base_dim, z_dim=z_dim, dim_mult=[1, 2, 2], num_res_blocks=1,
                            temperal_downsample=[True, True], scale_factor_spatial=4, scale_factor_temporal=4,
-                           latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
+                           latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=Z_DIM, out_channels=Z_DIM,
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=z_dim, out_channels=z_dim,
         text_dim=32, freq_dim=32, ffn_dim=128, num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
         eps=1e-6, rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(**wan_scheduler_config(FLOW_SHIFT))
@@ -162,6 +162,8 @@ def main() -> None:
     ap.add_argument("--dit-steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--z-dim", type=int, default=Z_DIM, help="VAE latent channels (the DiT's in/out channels)")
+    ap.add_argument("--vae-base-dim", type=int, default=16, help="the VAE's first conv width")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", choices=["recam", "room3d"], default="recam",
@@ -187,7 +189,8 @@ def main() -> None:
         room3d_paths.check_num_frames(args.frames)
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else ())
+    parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
+                        z_dim=args.z_dim, vae_base_dim=args.vae_base_dim)
     if args.world == "room3d":
         pool_file = (f"/tmp/room3d_pool_{args.pool}_{args.frames}_{args.height}x{args.width}_ss{args.supersample}_"
                      f"{args.mislabel}{args.mislabel_fraction}.pt")

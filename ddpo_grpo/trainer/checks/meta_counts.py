@@ -199,11 +199,14 @@ def phase_bytes(config, pipe, precision: str) -> tuple:
     return sampling, decoding
 
 
-def count_model(config, pipe=None, only_configured: bool = False, precision: str = "no") -> ModelCounts:
+def count_model(config, pipe=None, only_configured: bool = False, precision: str = "no",
+                configured_mode_only: bool = False) -> ModelCounts:
     """ModelCounts of the config's model at its resolution / frames (meta device; module docstring); `pipe`: a meta
     pipeline to count instead of the config's model (configured here). only_configured: skip what the config's own
     plan does not read (the other activation count, LoRA when it trains fully: None), as a run without a verdict.
-    precision: the run's ("no", "bf16", "fp16"); activations and phases are counted under its autocast rules."""
+    precision: the run's ("no", "bf16", "fp16"); activations and phases are counted under its autocast rules.
+    configured_mode_only: both gradient-checkpointing counts, but only for the config's own training mode (LoRA or
+    full; the other mode's are None): what a plan with and without checkpointing reads, at half the meta traces."""
     from ddpo_grpo.models.base import component_dtype
 
     from ..run.data import build_dataset
@@ -227,11 +230,12 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
     prompts = 1 + sum(len(build_dataset(config, split)) for split in ("train", "eval"))
     inputs = denoiser_inputs(pipe)
     sampling, decoding = phase_bytes(config, pipe, precision)
+    full_mode = not (configured_mode_only and config.use_lora)
     act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt, precision)
-                     if not only_configured or ckpt == bool(config.gradient_checkpointing) else None
+                     if full_mode and (not only_configured or ckpt == bool(config.gradient_checkpointing)) else None
                      for ckpt in (False, True))
     lora = act_lora = act_ckpt_lora = None
-    if config.use_lora or not only_configured:
+    if config.use_lora or not (only_configured or configured_mode_only):
         # A LoRA run saves less than a full one: its frozen linears keep no input for a weight gradient (measured on
         # the H100: SD3.5 LoRA's training call 25.4 GiB against 38.2 planned with every parameter trainable). So
         # its activations are counted again with the run's own adapters, the base frozen.
