@@ -235,15 +235,17 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
                      if full_mode and (not only_configured or ckpt == bool(config.gradient_checkpointing)) else None
                      for ckpt in (False, True))
     lora = act_lora = act_ckpt_lora = None
-    if config.use_lora or not (only_configured or configured_mode_only):
+    if config.use_lora or not only_configured:
         # A LoRA run saves less than a full one: its frozen linears keep no input for a weight gradient (measured on
         # the H100: SD3.5 LoRA's training call 25.4 GiB against 38.2 planned with every parameter trainable). So
-        # its activations are counted again with the run's own adapters, the base frozen.
+        # its activations are counted again with the run's own adapters, the base frozen. (The adapters' count is
+        # kept for a full run's plan too: the report weighs LoRA as a switch.)
         denoiser.requires_grad_(False)
         lora = lora_count(pipe, config)
+        lora_mode = config.use_lora or not configured_mode_only
         act_lora, act_ckpt_lora = (activation_bytes(pipe.unet, inputs, ckpt, precision, all_trainable=False)
-                                   if not only_configured or ckpt == bool(config.gradient_checkpointing) else None
-                                   for ckpt in (False, True))
+                                   if lora_mode and (not only_configured or ckpt == bool(config.gradient_checkpointing))
+                                   else None for ckpt in (False, True))
     return ModelCounts(denoiser=n_denoiser, lora=lora, full_trainable=full, text_encoders=encoders,
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
                        act_bytes=act, act_bytes_ckpt=act_ckpt, act_bytes_lora=act_lora,
