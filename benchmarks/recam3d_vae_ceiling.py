@@ -19,15 +19,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.recam3d_start import FRAMES, HEIGHT, WIDTH, score_clips  # noqa: E402
+from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
-
-
-@torch.no_grad()
-def reconstruct(vae, clips: torch.Tensor) -> torch.Tensor:
-    """clips (B, F, 3, H, W) in [0, 1] -> decode(encode(clips)) (the latent mode), the same shape, in [0, 1]."""
-    lat = vae.encode(clips.permute(0, 2, 1, 3, 4) * 2 - 1).latent_dist.mode()
-    return ((vae.decode(lat).sample.clamp(-1, 1) + 1) / 2).permute(0, 2, 1, 3, 4)
 
 
 def main() -> None:
@@ -41,7 +35,8 @@ def main() -> None:
     data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     items = [data[i] for i in range(0, 64, 4)]
     x = torch.stack([torch.as_tensor(np.asarray(it["target_video"])) for it in items]).float()
-    rec = reconstruct(pipe.vae, x)
+    with torch.no_grad():  # the library's own pair: the trainer's encode of a source clip, the sampler's decode
+        rec = decode(pipe.vae, encode_frames(pipe.vae, x))
     r = np.array(score_clips(list(rec.numpy()), items, opts, 1))
     g = np.array(score_clips(list(x.numpy()), items, opts, 1))
     print(json.dumps({"model": args.model, "options": opts, "mean_abs_error": float((rec - x).abs().mean()),

@@ -199,9 +199,9 @@ def gpu_check_counts(args, model: str) -> dict:
     config = gpu_check_config(args, model)
     # The two plans differ only in gradient checkpointing; the meta count (most of the time: a T5-XXL and the
     # denoiser built on "meta") holds both activation figures of the config's own mode (LoRA or full) when made with
-    # only_configured=False, configured_mode_only=True, so it is made
-    # once per model and passed to both plans (it used to be swapped in by monkeypatching meta_counts.count_model,
-    # which memory_plan's own import of the name kept after the first model: every later build got sd15's counts).
+    # only_configured=False, configured_mode_only=True, so it is made once per model and passed to both plans (it
+    # used to be swapped in by monkeypatching meta_counts.count_model, which memory_plan's own import of the name
+    # kept after the first model: every later build got sd15's counts).
     counts = count_model(config, only_configured=False, precision=config.mixed_precision, configured_mode_only=True)
     plan_gib, fits = memory_plan_gib(config, counts=counts)
     _, fits_without = memory_plan_gib(gpu_check_config(args, model, ckpt=False), counts=counts)

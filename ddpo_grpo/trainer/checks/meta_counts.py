@@ -230,9 +230,12 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
     prompts = 1 + sum(len(build_dataset(config, split)) for split in ("train", "eval"))
     inputs = denoiser_inputs(pipe)
     sampling, decoding = phase_bytes(config, pipe, precision)
-    full_mode = not (configured_mode_only and config.use_lora)
-    act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt, precision)
-                     if full_mode and (not only_configured or ckpt == bool(config.gradient_checkpointing)) else None
+
+    def traced(lora: bool, ckpt: bool) -> bool:  # which of the four activation counts this call makes
+        return ((not only_configured or ckpt == bool(config.gradient_checkpointing))
+                and (not configured_mode_only or lora == bool(config.use_lora)))
+
+    act, act_ckpt = (activation_bytes(pipe.unet, inputs, ckpt, precision) if traced(False, ckpt) else None
                      for ckpt in (False, True))
     lora = act_lora = act_ckpt_lora = None
     if config.use_lora or not only_configured:
@@ -242,10 +245,8 @@ def count_model(config, pipe=None, only_configured: bool = False, precision: str
         # kept for a full run's plan too: the report weighs LoRA as a switch.)
         denoiser.requires_grad_(False)
         lora = lora_count(pipe, config)
-        lora_mode = config.use_lora or not configured_mode_only
         act_lora, act_ckpt_lora = (activation_bytes(pipe.unet, inputs, ckpt, precision, all_trainable=False)
-                                   if lora_mode and (not only_configured or ckpt == bool(config.gradient_checkpointing))
-                                   else None for ckpt in (False, True))
+                                   if traced(True, ckpt) else None for ckpt in (False, True))
     return ModelCounts(denoiser=n_denoiser, lora=lora, full_trainable=full, text_encoders=encoders,
                        vae=_numel(pipe.vae), vae_bytes=vae_bytes, condition_elems=L * D, num_prompts=prompts,
                        act_bytes=act, act_bytes_ckpt=act_ckpt, act_bytes_lora=act_lora,
