@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--z-dim", type=int, default=Z_DIM, help="VAE latent channels (the DiT's in/out channels)")
     ap.add_argument("--vae-base-dim", type=int, default=16, help="the VAE's first conv width")
+    ap.add_argument("--vae-from", default=None,
+                    help="a folder this script saved: its VAE is used as it is (stage 1 skipped; --z-dim read from it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", choices=["recam", "room3d"], default="recam",
@@ -189,6 +191,11 @@ def main() -> None:
         room3d_paths.check_num_frames(args.frames)
     torch.set_num_threads(args.threads)
     t0 = time.time()
+    if args.vae_from:
+        from diffusers import AutoencoderKLWan
+
+        vae_from = AutoencoderKLWan.from_pretrained(os.path.join(args.vae_from, "vae"))
+        args.z_dim = vae_from.config.z_dim
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim)
     if args.world == "room3d":
@@ -211,7 +218,9 @@ def main() -> None:
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 
-    # ---- stage 1: the VAE
+    # ---- stage 1: the VAE (or the one of --vae-from, as it was trained)
+    if args.vae_from:
+        parts["vae"] = vae_from
     vae = parts["vae"]
     # A near-deterministic autoencoder (posterior mean decoded, a small pull of the means towards 0): the latents are
     # then normalised by their measured mean / std, as Wan's are; cosine decay lets the reconstruction settle.
@@ -221,7 +230,7 @@ def main() -> None:
     # The loss reads the decoder's output before AutoencoderKLWan.decode clamps it to [-1, 1]: on the clamped output
     # the background (-1) saturates at once and the gradient vanishes (measured: stuck at the blank frame's error).
     hook = vae.decoder.register_forward_hook(lambda module, args, out: raw.append(out))
-    for step in range(1, args.vae_steps + 1):
+    for step in range(1, 0 if args.vae_from else args.vae_steps + 1):
         idx = torch.randint(0, len(prompts), (args.batch // 4,), generator=g)
         x = to_vae(torch.cat([src[idx], tgt[idx]]))
         raw.clear()
@@ -242,10 +251,10 @@ def main() -> None:
     hook.remove()
     vae.eval().requires_grad_(False)
     with torch.no_grad():
-        means = torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(prompts)), 64)])
-    mu = means.mean(dim=(0, 2, 3, 4))
-    sd = means.std(dim=(0, 2, 3, 4))
-    vae.register_to_config(latents_mean=[float(v) for v in mu], latents_std=[float(v) for v in sd])
+        means = None if args.vae_from else torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(prompts)), 64)])
+    if means is not None:
+        mu, sd = means.mean(dim=(0, 2, 3, 4)), means.std(dim=(0, 2, 3, 4))
+        vae.register_to_config(latents_mean=[float(v) for v in mu], latents_std=[float(v) for v in sd])
     from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames
 
     with torch.no_grad():
@@ -254,6 +263,10 @@ def main() -> None:
         rec_err = (decode(vae, lat_tgt[:64]) - tgt[:64]).abs().mean().item()
     print(f"latents {tuple(lat_src.shape[1:])} mean |decode(encode) - x| {rec_err:.4f} {time.time() - t0:.0f}s",
           flush=True)
+    if args.dit_steps == 0:  # the VAE alone (its reconstruction ceiling: benchmarks/recam3d_vae_ceiling.py)
+        save(args, parts, add_camera_layers(parts["transformer"]), dict(vae_steps=args.vae_steps, dit_steps=0,
+             seconds=round(time.time() - t0), vae_mean_abs_error=rec_err), 0)
+        return
 
     # ---- stage 2: the DiT with camera layers, by flow matching through RecamDenoiser
     from diffusers import WanPipeline

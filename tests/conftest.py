@@ -26,3 +26,42 @@ def cache(tmp_path_factory):
     models.TINY_CACHE = str(folder)
     yield str(folder)
     models.TINY_CACHE = before
+
+
+# --- script runs through the fork server (tests/forkserver.py): the suite starts a few hundred `python scripts/X.py`
+# runs and `accelerate launch`es, each ~7-12 s of library imports before its first line of work (wandb.init's alone
+# ~4 s); one server per pytest worker pays them once. DDPO_GRPO_TEST_FORK=0 (in the suite's environment or a run's)
+# runs scripts in a fresh interpreter.
+import atexit  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import forkserver  # noqa: E402
+
+_servers = {}  # the import-time environment (JSON) -> the socket of its server, or None where none serves it
+
+
+def _fork_server(env: dict):
+    """The socket of a server whose imports saw `env`'s import-time variables (started on first use), or None."""
+    key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
+    if key not in _servers:
+        _servers[key] = None
+        if env.get("OMP_NUM_THREADS") != "1" or len(_servers) > 3:  # more threads: a library would start a pool
+            return None
+        folder = tempfile.mkdtemp(prefix="ddpo_fork_")
+        path = os.path.join(folder, "s")
+        with open(os.path.join(folder, "log"), "w") as log:
+            server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py"), path], env=env,
+                                      cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        atexit.register(server.kill)
+        deadline = time.time() + 300
+        while not os.path.exists(path) and server.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        _servers[key] = path if os.path.exists(path) else None
+    return _servers[key]
+
+
+if os.environ.get("DDPO_GRPO_TEST_FORK", "1") != "0" and sys.platform.startswith("linux"):
+    forkserver.install_popen_hook(_fork_server)

@@ -1,0 +1,282 @@
+"""A fork server for the suite's script runs: `python scripts/X.py ...` started by a test costs ~7 s of imports (torch,
+diffusers, transformers, accelerate, peft) before the script's first line of work, and the suite starts a few hundred
+of them. This server imports those libraries once, then forks a fresh process per run, which executes the script
+as `python` would (`__main__`, its argv, cwd, environment and stdio: the test's own pipes or files, passed over the
+socket). Only third-party libraries are imported ahead; ddpo_grpo's modules are imported by each run itself, so their
+module-level code (e.g. models.TINY_CACHE read from the environment) runs with the run's environment.
+
+A run goes through the server only where that changes nothing but the start-up: the environment variables that those
+libraries read at import (ENV_AT_IMPORT) must equal the server's, and the server holds one native thread when it
+forks; otherwise the client (tests/fork_client.py) executes the real interpreter instead. The client is the test's
+subprocess: signals sent to it reach the run, its exit status is the run's (a signal's death included), and a run
+whose client is killed (SIGKILL, a killed session) is killed with its whole session at once.
+
+    python tests/forkserver.py SOCKET_PATH       (started by tests/conftest.py, one per pytest worker and environment)
+"""
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+# environment variables the pre-imported libraries read at import: a run whose values differ runs the real interpreter
+# (accelerate and torch.distributed read theirs when a state or process group is made; torchrun's per-rank variables,
+# TORCHELASTIC_* and TORCH_NCCL_*, are not import-time)
+ENV_AT_IMPORT = ("HF_", "HUGGINGFACE", "DIFFUSERS", "TRANSFORMERS", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL_",
+                 "KMP_", "OPENBLAS", "PYTHON", "MALLOC_", "LD_", "MPL", "XDG_", "TOKENIZERS", "NUMEXPR", "WANDB_",
+                 "USE_TORCH")
+NOT_AT_IMPORT = ("TORCHELASTIC_", "TORCH_NCCL_")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLIENT = os.path.join(ROOT, "tests", "fork_client.py")
+SCRIPT_DIRS = tuple(os.path.join(ROOT, d) + os.sep for d in ("scripts", "benchmarks"))
+MODULES = ("accelerate.commands.launch",)  # `python -m` runs that go through the server
+
+
+def import_sensitive(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(ENV_AT_IMPORT) and not k.startswith(NOT_AT_IMPORT)}
+
+
+def served_args(args, kwargs):
+    """The interpreter arguments of a Popen(args, **kwargs) the server can run (`python [-u] SCRIPT ...` with SCRIPT
+    in scripts/ or benchmarks/, or `python -m accelerate.commands.launch ...`), else None."""
+    if not isinstance(args, (list, tuple)) or len(args) < 2 or kwargs.get("shell") or kwargs.get("executable"):
+        return None
+    if str(args[0]) != sys.executable:
+        return None
+    rest = [str(a) for a in args[1:]]
+    opts = []
+    while rest and rest[0] == "-u":
+        opts.append(rest.pop(0))
+    if len(rest) >= 2 and rest[0] == "-m" and rest[1] in MODULES:
+        return opts + rest
+    if not rest or not rest[0].endswith(".py"):
+        return None
+    script = os.path.abspath(os.path.join(str(kwargs.get("cwd") or os.getcwd()), rest[0]))
+    return opts + rest if script.startswith(SCRIPT_DIRS) else None
+
+
+def install_popen_hook(server_for_env) -> None:
+    """Route subprocess.Popen's served runs (served_args) through fork_client.py with the socket server_for_env(env)
+    returns (None: the real interpreter). In the pytest process (conftest.py) and in every served run (so that the runs
+    a launcher or a benchmark starts are served too)."""
+    import subprocess
+
+    popen_init = getattr(subprocess.Popen.__init__, "_unhooked", subprocess.Popen.__init__)
+
+    def init(self, args, *rest, **kwargs):
+        served = None if rest else served_args(args, kwargs)
+        if served is not None:
+            env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+            path = server_for_env(env) if env.get("DDPO_GRPO_TEST_FORK", "1") != "0" else None
+            if path is not None:
+                args = [sys.executable, "-S", CLIENT, *served]
+                kwargs["env"] = dict(env, DDPO_GRPO_FORKSERVER=path)
+        popen_init(self, args, *rest, **kwargs)
+
+    init._unhooked = popen_init
+    subprocess.Popen.__init__ = init
+
+
+def read_request(conn: socket.socket):
+    """(header dict, [stdin, stdout, stderr] fds) sent by fork_client.send_request."""
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    if len(head) < 8 or len(fds) != 3:
+        raise ConnectionError("bad request")
+    (n,) = struct.unpack("!Q", head)
+    body = b""
+    while len(body) < n:
+        chunk = conn.recv(n - len(body))
+        if not chunk:
+            raise ConnectionError("request cut short")
+        body += chunk
+    return json.loads(body), fds
+
+
+def preimport() -> None:
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    import accelerate  # noqa: F401
+    import peft  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import diffusers
+    from absl import app, flags  # noqa: F401
+    from ml_collections import config_flags  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (accelerate's tracker)
+    import wandb.apis.public  # noqa: F401  (wandb.init imports these: ~4 s, pydantic reading docstrings)
+    import wandb.sdk.launch  # noqa: F401
+    # the classes the trainer and the tests' scripts build (diffusers imports its model modules on first access)
+    for name in ("UNet2DConditionModel", "AutoencoderKL", "StableDiffusionPipeline", "StableDiffusionXLPipeline",
+                 "StableDiffusion3Pipeline", "FluxPipeline", "WanPipeline", "DDIMScheduler",
+                 "FlowMatchEulerDiscreteScheduler", "SD3Transformer2DModel", "FluxTransformer2DModel",
+                 "WanTransformer3DModel", "AutoencoderKLWan"):
+        getattr(diffusers, name, None)
+
+
+def worker(req: dict, fds) -> None:
+    """In the forked run: become `python SCRIPT ARGS` with the client's stdio, cwd and environment. Never returns."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    argv = list(req["argv"])
+    module = None
+    while argv and argv[0] == "-u":  # unbuffered stdout / stderr, as `python -u`
+        argv.pop(0)
+        import io
+
+        sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)
+        sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True,
+                                      errors="backslashreplace")
+    if argv[0] == "-m":
+        module = argv[1]
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+    else:
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    install_popen_hook(lambda env: req["server"])  # the runs this run starts: served by the same server
+    import random
+
+    import numpy
+
+    random.seed()  # a fresh interpreter seeds these from the OS; forks of one server would share one state
+    numpy.random.seed()
+    import runpy
+
+    code = 0
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except BaseException:  # as the interpreter reports an uncaught exception: traceback, status 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.exit(code)  # interpreter shutdown as at a script's end: atexit handlers, stdio flushed, threads joined
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL pid's session and all its descendants (a launcher's ranks run in sessions of their own: a test kills
+    a "machine" as the launcher and every process below it; through the server, the processes below its client)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def supervise(conn: socket.socket, own_env: dict) -> None:
+    """One run: fork it, forward the client's signals, report its exit status; kill its session if the client dies.
+    Never returns, except in the forked run (which exits through worker())."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        req, fds = read_request(conn)
+    except (ConnectionError, OSError, ValueError) as e:
+        sys.stderr.write(f"forkserver: request not read: {e!r}\n")
+        os._exit(0)
+    if import_sensitive(req["env"]) != own_env or len(os.listdir("/proc/self/task")) != 1:
+        conn.sendall(b"fallback\n")
+        os._exit(0)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        worker(req, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"pid {pid}\n".encode())
+    pidfd = os.pidfd_open(pid)
+    buf = b""
+    while True:
+        ready, _, _ = select.select([conn, pidfd], [], [])
+        if pidfd in ready:
+            _, status = os.waitpid(pid, 0)
+            try:
+                conn.sendall(f"rc {os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass
+            os._exit(0)
+        data = conn.recv(4096)
+        if not data:  # the client is gone (killed): so is the run, with its session and every process it started
+            kill_tree(pid)
+            os.waitpid(pid, 0)
+            os._exit(0)
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.startswith(b"sig "):
+                try:
+                    os.kill(pid, int(line[4:]))
+                except ProcessLookupError:
+                    pass
+
+
+def serve(path: str) -> None:
+    try:  # the server ends with the pytest worker that started it
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    own_env = import_sensitive(dict(os.environ))
+    preimport()
+    if len(os.listdir("/proc/self/task")) != 1:  # a library started a thread: forking would copy a broken pool
+        sys.stderr.write("forkserver: more than one thread after the imports; not serving\n")
+        sys.exit(3)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path + ".tmp")
+    srv.listen(64)
+    os.rename(path + ".tmp", path)  # the path appears when the server accepts
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the supervisors are reaped by the kernel
+    while True:
+        conn, _ = srv.accept()
+        if os.fork() == 0:
+            srv.close()
+            me = os.getpid()
+            try:
+                supervise(conn, own_env)
+            except BaseException:
+                if os.getpid() != me:  # the run itself ending (SystemExit from worker()): not the supervisor's
+                    raise
+                import traceback
+
+                traceback.print_exc()
+                os._exit(1)
+        conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

@@ -1,0 +1,161 @@
+"""The suite's fork server (tests/forkserver.py, hooked in tests/conftest.py) must change nothing a test can see but the
+start-up time: a script's output, exit status, signals and death as `python SCRIPT` gives them."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import conftest
+import pytest
+from helpers import cpu_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLIENT = os.path.join(ROOT, "tests", "fork_client.py")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
+
+SCRIPT = """
+import os, sys, random, time
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PROBE"), "path0", sys.path[0] == os.path.dirname(
+    os.path.abspath(__file__)), "main", __name__, "rand", random.random(), flush=True)
+sys.stderr.write("to stderr\\n")
+mode = sys.argv[1]
+if mode == "exit":
+    sys.exit(int(sys.argv[2]))
+if mode == "raise":
+    raise ValueError("boom")
+if mode == "sleep":
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(sys.argv[2], "w").write(f"{os.getpid()} {child.pid}")
+    time.sleep(600)
+if mode == "term":
+    import signal
+    signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(7)))
+    open(sys.argv[2], "w").write("ready")
+    time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A script, the environment the trainer's tests use, and the socket of the server for it."""
+    folder = tmp_path_factory.mktemp("fork")
+    script = folder / "probe.py"
+    script.write_text(SCRIPT)
+    env = cpu_env(PROBE="x")
+    path = conftest._fork_server(env)
+    if path is None:
+        pytest.skip("no fork server for this environment (hook disabled by DDPO_GRPO_TEST_FORK=0)")
+    return str(script), env, path, folder
+
+
+def both(served, *args, **kw):
+    """(through the server, real interpreter) CompletedProcess of `python SCRIPT args`."""
+    script, env, path, folder = served
+    fork = subprocess.run([sys.executable, "-S", CLIENT, script, *args], env=dict(env, DDPO_GRPO_FORKSERVER=path),
+                          cwd=folder, capture_output=True, text=True, timeout=120, **kw)
+    plain = subprocess.run([sys.executable, script, *args], env=env, cwd=folder, capture_output=True, text=True,
+                           timeout=120, **kw)
+    return fork, plain
+
+
+def without_rand(out: str) -> str:
+    return out.split(" rand ")[0]
+
+
+@pytest.mark.parametrize("args,code", [(("exit", "0"), 0), (("exit", "3"), 3), (("raise",), 1)])
+def test_output_and_exit_status_are_the_interpreters(served, args, code):
+    fork, plain = both(served, *args)
+    assert fork.returncode == plain.returncode == code
+    assert without_rand(fork.stdout) == without_rand(plain.stdout)
+    assert f"argv {list(args)!r} cwd {served[3]} env x path0 True main __main__" in fork.stdout
+    assert fork.stderr.startswith("to stderr\n")
+    if code == 1:
+        assert fork.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1] == "ValueError: boom"
+
+
+def test_each_run_draws_its_own_random_state(served):
+    # forks of one server would share the server's `random` state; a fresh interpreter seeds it from the OS
+    runs = [both(served, "exit", "0")[0].stdout.split(" rand ")[1] for _ in range(2)]
+    assert runs[0] != runs[1]
+
+
+def test_a_different_import_time_environment_runs_the_real_interpreter(served):
+    script, env, path, folder = served
+    res = subprocess.run([sys.executable, "-S", CLIENT, script, "exit", "0"], cwd=folder, capture_output=True,
+                         text=True, timeout=120, env=dict(env, DDPO_GRPO_FORKSERVER=path, PYTHONPATH=str(folder)))
+    assert res.returncode == 0 and "env x" in res.stdout
+    assert str(folder) in subprocess.run([sys.executable, "-c", "import sys; print(sys.path)"], capture_output=True,
+                                         text=True, env=dict(env, PYTHONPATH=str(folder))).stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_killing_the_client_kills_the_run_and_its_children(served):
+    script, env, path, folder = served
+    marker = folder / "pids"
+    proc = subprocess.Popen([sys.executable, "-S", CLIENT, script, "sleep", str(marker)], cwd=folder,
+                            env=dict(env, DDPO_GRPO_FORKSERVER=path), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not (marker.exists() and marker.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    run_pid, child_pid = map(int, marker.read_text().split())
+    assert run_pid != proc.pid and _alive(run_pid) and _alive(child_pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.time() + 10
+    while (_alive(run_pid) or _alive(child_pid)) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not _alive(run_pid) and not _alive(child_pid)
+
+
+def test_a_signal_to_the_client_reaches_the_run(served):
+    script, env, path, folder = served
+    marker = folder / "ready"
+    proc = subprocess.Popen([sys.executable, "-S", CLIENT, script, "term", str(marker)], cwd=folder,
+                            env=dict(env, DDPO_GRPO_FORKSERVER=path), stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 7 and "got SIGTERM" in out
+
+
+def test_a_trainer_run_through_the_server_equals_one_in_a_fresh_interpreter(tmp_path, served):
+    """The same tiny run (2 epochs, a checkpoint, a debug dump) through the hook and in a fresh interpreter: the same
+    rewards, advantages and final weights, bit for bit (the runs are seeded and single-threaded)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    args = ["scripts/train.py", "--config", "config/grpo.py:tiny", "--config.num_epochs=2",
+            "--config.sample.num_steps=3", "--config.sample.batch_size=4", "--config.sample.num_batches_per_epoch=1",
+            "--config.sample.k=4", "--config.train.batch_size=4", "--config.eval_freq=0",
+            "--config.logging.wandb=False", "--config.logging.image_freq=0", "--config.logging.debug_dump=True",
+            f"--config.logdir={tmp_path}"]
+    env = cpu_env()
+    fork = subprocess.run([sys.executable, *args, "--config.run_name=fork"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert "fork_client.py" in " ".join(fork.args) or conftest._fork_server(env) is None
+    plain = subprocess.run([sys.executable, *args, "--config.run_name=plain"], cwd=ROOT,
+                           env=dict(env, DDPO_GRPO_TEST_FORK="0"), capture_output=True,
+                           text=True, timeout=600)
+    assert "fork_client.py" not in " ".join(plain.args)
+    assert fork.returncode == plain.returncode == 0, fork.stderr[-2000:] + plain.stderr[-2000:]
+    for epoch in (0, 1):
+        a, b = (json.load(open(tmp_path / name / "debug" / f"epoch_{epoch:04d}_rank_0.json")) for name in
+                ("fork", "plain"))
+        assert a["rewards"] == b["rewards"] and a["advantages"] == b["advantages"]
+        assert a["weights_sum"] == b["weights_sum"]
+    last = [sorted((tmp_path / name / "checkpoints").glob("checkpoint_*"))[-1] for name in ("fork", "plain")]
+    wa, wb = (load_file(str(d / "model.safetensors")) for d in last)
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
