@@ -221,40 +221,9 @@ def main() -> None:
     # ---- stage 1: the VAE (or the one of --vae-from, as it was trained)
     if args.vae_from:
         parts["vae"] = vae_from
-    vae = parts["vae"]
-    # A near-deterministic autoencoder (posterior mean decoded, a small pull of the means towards 0): the latents are
-    # then normalised by their measured mean / std, as Wan's are; cosine decay lets the reconstruction settle.
-    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99))
-    vsched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s / args.vae_steps, 1.0))))
-    running, raw = [], []
-    # The loss reads the decoder's output before AutoencoderKLWan.decode clamps it to [-1, 1]: on the clamped output
-    # the background (-1) saturates at once and the gradient vanishes (measured: stuck at the blank frame's error).
-    hook = vae.decoder.register_forward_hook(lambda module, args, out: raw.append(out))
-    for step in range(1, 0 if args.vae_from else args.vae_steps + 1):
-        idx = torch.randint(0, len(prompts), (args.batch // 4,), generator=g)
-        x = to_vae(torch.cat([src[idx], tgt[idx]]))
-        raw.clear()
-        z = vae.encode(x).latent_dist.mean
-        vae.decode(z)
-        rec = torch.cat(raw, dim=2)
-        mse = F.mse_loss(rec, x)
-        loss = mse + 1e-4 * z.pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        opt.step()
-        vsched.step()
-        running.append(mse.item())
-        if step % 100 == 0 or step == 1:
-            print(f"vae {step}/{args.vae_steps} rec (mean of last 100) {np.mean(running[-100:]):.5f} "
-                  f"{time.time() - t0:.0f}s", flush=True)
-    hook.remove()
-    vae.eval().requires_grad_(False)
-    with torch.no_grad():
-        means = None if args.vae_from else torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(prompts)), 64)])
-    if means is not None:
-        mu, sd = means.mean(dim=(0, 2, 3, 4)), means.std(dim=(0, 2, 3, 4))
-        vae.register_to_config(latents_mean=[float(v) for v in mu], latents_std=[float(v) for v in sd])
+    else:
+        train_vae(args, parts["vae"], src, tgt, g, t0)
+    vae = parts["vae"].eval().requires_grad_(False)
     from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames
 
     with torch.no_grad():
@@ -305,6 +274,41 @@ def main() -> None:
         if step % args.snapshot_every == 0 or step == args.dit_steps:
             save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step, seconds=round(time.time() - t0),
                                                 vae_mean_abs_error=rec_err), step)
+
+
+def train_vae(args, vae, src, tgt, g, t0) -> None:
+    """Stage 1: train the VAE on the pool's clips, then set its latents_mean / latents_std to the measured ones."""
+    # A near-deterministic autoencoder (posterior mean decoded, a small pull of the means towards 0): the latents are
+    # then normalised by their measured mean / std, as Wan's are; cosine decay lets the reconstruction settle.
+    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99))
+    vsched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s / args.vae_steps, 1.0))))
+    running, raw = [], []
+    # The loss reads the decoder's output before AutoencoderKLWan.decode clamps it to [-1, 1]: on the clamped output
+    # the background (-1) saturates at once and the gradient vanishes (measured: stuck at the blank frame's error).
+    hook = vae.decoder.register_forward_hook(lambda module, args, out: raw.append(out))
+    for step in range(1, args.vae_steps + 1):
+        idx = torch.randint(0, len(src), (args.batch // 4,), generator=g)
+        x = to_vae(torch.cat([src[idx], tgt[idx]]))
+        raw.clear()
+        z = vae.encode(x).latent_dist.mean
+        vae.decode(z)
+        rec = torch.cat(raw, dim=2)
+        mse = F.mse_loss(rec, x)
+        loss = mse + 1e-4 * z.pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        vsched.step()
+        running.append(mse.item())
+        if step % 100 == 0 or step == 1:
+            print(f"vae {step}/{args.vae_steps} rec (mean of last 100) {np.mean(running[-100:]):.5f} "
+                  f"{time.time() - t0:.0f}s", flush=True)
+    hook.remove()
+    with torch.no_grad():
+        means = torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(src)), 64)])
+    mu, sd = means.mean(dim=(0, 2, 3, 4)), means.std(dim=(0, 2, 3, 4))
+    vae.register_to_config(latents_mean=[float(v) for v in mu], latents_std=[float(v) for v in sd])
 
 
 def save(args, parts, transformer, meta, step) -> None:

@@ -80,7 +80,7 @@ def install_popen_hook(server_for_env) -> None:
 
 
 def read_request(conn: socket.socket):
-    """(header dict, [stdin, stdout, stderr] fds) sent by fork_client.send_request."""
+    """(header dict, [stdin, stdout, stderr] fds) sent by fork_client.main."""
     head, fds, _, _ = socket.recv_fds(conn, 8, 3)
     if len(head) < 8 or len(fds) != 3:
         raise ConnectionError("bad request")
@@ -172,9 +172,8 @@ def worker(req: dict, fds) -> None:
     sys.exit(code)  # interpreter shutdown as at a script's end: atexit handlers, stdio flushed, threads joined
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL pid's session and all its descendants (a launcher's ranks run in sessions of their own: a test kills
-    a "machine" as the launcher and every process below it; through the server, the processes below its client)."""
+def descendants(pid: int) -> list:
+    """pid and every process below it (from /proc's parent links), pid first."""
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -188,11 +187,17 @@ def kill_tree(pid: int) -> None:
         p = todo.pop()
         tree.append(p)
         todo += children.get(p, [])
+    return tree
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL pid's session and all its descendants (a launcher's ranks run in sessions of their own: a test kills
+    a "machine" as the launcher and every process below it; through the server, the processes below its client)."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for p in tree:
+    for p in descendants(pid):
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+from forkserver import descendants
 from helpers import cpu_env, launch_cmd
 from safetensors.torch import load_file
 
@@ -65,21 +66,7 @@ def machine_cmd(rank: int, port: int, per_machine: int = 1, fsdp: bool = False) 
 def machine_processes(pid: int) -> list:
     """pid and all its descendants: a "machine" is accelerate's launcher (torchrun's agent) and the workers it starts
     (in sessions of their own, so a process-group kill would miss them)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
+    return descendants(pid)
 
 
 def kill_machine(proc) -> None:
