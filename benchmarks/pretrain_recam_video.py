@@ -166,6 +166,12 @@ def main() -> None:
     ap.add_argument("--vae-base-dim", type=int, default=16, help="the VAE's first conv width")
     ap.add_argument("--vae-from", default=None,
                     help="a folder this script saved: its VAE is used as it is (stage 1 skipped; --z-dim read from it)")
+    ap.add_argument("--vae-init", default=None,
+                    help="a folder this script saved, or a VAE snapshot: stage 1 trains on from its VAE for --vae-steps "
+                         "(a fresh cosine schedule from --vae-lr; --z-dim and --vae-base-dim read from it)")
+    ap.add_argument("--vae-lr", type=float, default=1e-3, help="stage 1's peak learning rate")
+    ap.add_argument("--vae-snapshot-every", type=int, default=400,
+                    help="VAE steps between VAE snapshots (<out>_vae_snapshots/stepN, for --vae-init after a crash)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", choices=["recam", "room3d"], default="recam",
@@ -191,11 +197,18 @@ def main() -> None:
         room3d_paths.check_num_frames(args.frames)
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    if args.vae_from:
+    if args.vae_from and args.vae_init:
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError("--vae-from uses a VAE as it is, --vae-init trains on from one: give one of them")
+    vae_from = None
+    if args.vae_from or args.vae_init:
         from diffusers import AutoencoderKLWan
 
-        vae_from = AutoencoderKLWan.from_pretrained(os.path.join(args.vae_from, "vae"))
-        args.z_dim = vae_from.config.z_dim
+        folder = args.vae_from or args.vae_init
+        sub = os.path.join(folder, "vae")
+        vae_from = AutoencoderKLWan.from_pretrained(sub if os.path.isdir(sub) else folder)
+        args.z_dim, args.vae_base_dim = vae_from.config.z_dim, vae_from.config.base_dim
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim)
     if args.world == "room3d":
@@ -218,10 +231,10 @@ def main() -> None:
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 
-    # ---- stage 1: the VAE (or the one of --vae-from, as it was trained)
-    if args.vae_from:
+    # ---- stage 1: the VAE (the one of --vae-from as it was trained; --vae-init's trained on)
+    if vae_from is not None:
         parts["vae"] = vae_from
-    else:
+    if not args.vae_from:
         train_vae(args, parts["vae"], src, tgt, g, t0)
     vae = parts["vae"].eval().requires_grad_(False)
     from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames
@@ -280,7 +293,7 @@ def train_vae(args, vae, src, tgt, g, t0) -> None:
     """Stage 1: train the VAE on the pool's clips, then set its latents_mean / latents_std to the measured ones."""
     # A near-deterministic autoencoder (posterior mean decoded, a small pull of the means towards 0): the latents are
     # then normalised by their measured mean / std, as Wan's are; cosine decay lets the reconstruction settle.
-    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0, betas=(0.9, 0.99))
     vsched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s / args.vae_steps, 1.0))))
     running, raw = [], []
     # The loss reads the decoder's output before AutoencoderKLWan.decode clamps it to [-1, 1]: on the clamped output
@@ -304,6 +317,13 @@ def train_vae(args, vae, src, tgt, g, t0) -> None:
         if step % 100 == 0 or step == 1:
             print(f"vae {step}/{args.vae_steps} rec (mean of last 100) {np.mean(running[-100:]):.5f} "
                   f"{time.time() - t0:.0f}s", flush=True)
+        if args.vae_snapshot_every and step % args.vae_snapshot_every == 0 and step < args.vae_steps:
+            snap = os.path.join(args.out + "_vae_snapshots", f"step{step}")
+            vae.save_pretrained(snap + ".tmp")  # written whole, then renamed: a crash never leaves a half snapshot
+            import shutil
+
+            shutil.rmtree(snap, ignore_errors=True)
+            os.replace(snap + ".tmp", snap)
     hook.remove()
     with torch.no_grad():
         means = torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(src)), 64)])

@@ -34,6 +34,7 @@ def cache(tmp_path_factory):
 # runs scripts in a fresh interpreter.
 import atexit  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -43,19 +44,24 @@ import forkserver  # noqa: E402
 _servers = {}  # the import-time environment (JSON) -> the socket of its server, or None where none serves it
 
 
-def _fork_server(env: dict):
-    """The socket of a server whose imports saw `env`'s import-time variables (started on first use), or None."""
+def _fork_server(env: dict, now: bool = False):
+    """The socket of a server whose imports saw `env`'s import-time variables (started on the environment's second
+    run, or at once with `now`), or None."""
     key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
-    if key not in _servers:
+    if key not in _servers and not now:  # an environment's first run: the interpreter (a server costs a run's imports)
+        _servers[key] = "first"
+        return None
+    if _servers.get(key, "first") == "first":  # its second: a server, which its later runs reuse
         _servers[key] = None
-        if env.get("OMP_NUM_THREADS") != "1" or len(_servers) > 3:  # more threads: a library would start a pool
-            return None
+        if env.get("OMP_NUM_THREADS") != "1" or sum(isinstance(v, str) and v != "first" for v in _servers.values()) > 3:
+            return None  # (more threads: a library would start a pool)
         folder = tempfile.mkdtemp(prefix="ddpo_fork_")
         path = os.path.join(folder, "s")
         with open(os.path.join(folder, "log"), "w") as log:
             server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py"), path], env=env,
                                       cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         atexit.register(server.kill)
+        atexit.register(shutil.rmtree, folder, True)
         deadline = time.time() + 300
         while not os.path.exists(path) and server.poll() is None and time.time() < deadline:
             time.sleep(0.05)

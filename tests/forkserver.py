@@ -1,4 +1,5 @@
-"""A fork server for the suite's script runs: `python scripts/X.py ...` started by a test costs ~7 s of imports (torch,
+"""A fork server for the suite's Python runs: `python scripts/X.py ...` (or `-c CODE`, `-m benchmarks.X`, an
+`accelerate launch` and the ranks it starts) started by a test costs ~7 s of imports (torch,
 diffusers, transformers, accelerate, peft) before the script's first line of work, and the suite starts a few hundred
 of them. This server imports those libraries once, then forks a fresh process per run, which executes the script
 as `python` would (`__main__`, its argv, cwd, environment and stdio: the test's own pipes or files, passed over the
@@ -9,7 +10,8 @@ A run goes through the server only where that changes nothing but the start-up: 
 libraries read at import (ENV_AT_IMPORT) must equal the server's, and the server holds one native thread when it
 forks; otherwise the client (tests/fork_client.py) executes the real interpreter instead. The client is the test's
 subprocess: signals sent to it reach the run, its exit status is the run's (a signal's death included), and a run
-whose client is killed (SIGKILL, a killed session) is killed with its whole session at once.
+whose client is killed (SIGKILL, a killed session) is killed with its whole session at once. A test that checks what
+a fresh interpreter has imported (tests/test_layout.py) sets DDPO_GRPO_TEST_FORK=0 in its run's environment.
 
     python tests/forkserver.py SOCKET_PATH       (started by tests/conftest.py, one per pytest worker and environment)
 """
@@ -30,7 +32,6 @@ ENV_AT_IMPORT = ("HF_", "HUGGINGFACE", "DIFFUSERS", "TRANSFORMERS", "TORCH", "PY
 NOT_AT_IMPORT = ("TORCHELASTIC_", "TORCH_NCCL_")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "tests", "fork_client.py")
-SCRIPT_DIRS = tuple(os.path.join(ROOT, d) + os.sep for d in ("scripts", "benchmarks"))
 MODULES = ("accelerate.commands.launch",)  # `python -m` runs that go through the server
 
 
@@ -39,8 +40,9 @@ def import_sensitive(env: dict) -> dict:
 
 
 def served_args(args, kwargs):
-    """The interpreter arguments of a Popen(args, **kwargs) the server can run (`python [-u] SCRIPT ...` with SCRIPT
-    in scripts/ or benchmarks/, or `python -m accelerate.commands.launch ...`), else None."""
+    """The interpreter arguments of a Popen(args, **kwargs) the server can run (`python [-u] SCRIPT.py ...`,
+    `python [-u] -c CODE ...`, `python [-u] -m MODULE ...` for MODULES and benchmarks.*), else None: interpreter
+    options (-S, -X, -I, ...) and other modules (pip, pytest) run the real interpreter."""
     if not isinstance(args, (list, tuple)) or len(args) < 2 or kwargs.get("shell") or kwargs.get("executable"):
         return None
     if str(args[0]) != sys.executable:
@@ -49,12 +51,11 @@ def served_args(args, kwargs):
     opts = []
     while rest and rest[0] == "-u":
         opts.append(rest.pop(0))
-    if len(rest) >= 2 and rest[0] == "-m" and rest[1] in MODULES:
+    if len(rest) >= 2 and rest[0] == "-m" and (rest[1] in MODULES or rest[1].startswith("benchmarks.")):
         return opts + rest
-    if not rest or not rest[0].endswith(".py"):
-        return None
-    script = os.path.abspath(os.path.join(str(kwargs.get("cwd") or os.getcwd()), rest[0]))
-    return opts + rest if script.startswith(SCRIPT_DIRS) else None
+    if len(rest) >= 2 and rest[0] == "-c":
+        return opts + rest
+    return opts + rest if rest and rest[0].endswith(".py") and not rest[0].startswith("-") else None
 
 
 def install_popen_hook(server_for_env) -> None:
@@ -140,10 +141,15 @@ def worker(req: dict, fds) -> None:
         sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)
         sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True,
                                       errors="backslashreplace")
+    code_string = None
     if argv[0] == "-m":
         module = argv[1]
         sys.argv = argv[1:]
         sys.path[0] = os.getcwd()
+    elif argv[0] == "-c":  # as `python -c`: sys.argv[0] "-c", the current directory first on sys.path (as "")
+        code_string = argv[1]
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
     else:
         sys.argv = argv
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
@@ -160,6 +166,13 @@ def worker(req: dict, fds) -> None:
     try:
         if module:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
+        elif code_string is not None:
+            import types
+
+            main = types.ModuleType("__main__")
+            main.__builtins__ = __builtins__
+            sys.modules["__main__"] = main
+            exec(compile(code_string, "<string>", "exec"), main.__dict__)
         else:
             runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as e:

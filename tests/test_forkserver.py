@@ -44,7 +44,7 @@ def served(tmp_path_factory):
     script = folder / "probe.py"
     script.write_text(SCRIPT)
     env = cpu_env(PROBE="x")
-    path = conftest._fork_server(env)
+    path = conftest._fork_server(env, now=True)
     if path is None:
         pytest.skip("no fork server for this environment (hook disabled by DDPO_GRPO_TEST_FORK=0)")
     return str(script), env, path, folder
@@ -73,6 +73,21 @@ def test_output_and_exit_status_are_the_interpreters(served, args, code):
     assert fork.stderr.startswith("to stderr\n")
     if code == 1:
         assert fork.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1] == "ValueError: boom"
+
+
+def test_python_c_is_the_interpreters(served):
+    """`python -c CODE ARGS`: argv[0] "-c", "" first on sys.path, __main__ a module of its own, an uncaught exception's
+    last traceback line and status as the interpreter's."""
+    script, env, path, folder = served
+    code = ("import sys, __main__; print(sys.argv, repr(sys.path[0]), __name__, hasattr(__main__, '__file__'));"
+            "sys.exit(int(sys.argv[1])) if sys.argv[1] != 'raise' else int('x')")
+    for arg, status in (("0", 0), ("4", 4), ("raise", 1)):
+        fork, plain = (subprocess.run([sys.executable, *pre, "-c", code, arg], env=e, cwd=folder, capture_output=True,
+                                      text=True, timeout=120)
+                       for pre, e in ((("-S", CLIENT), dict(env, DDPO_GRPO_FORKSERVER=path)), ((), env)))
+        assert fork.returncode == plain.returncode == status
+        assert fork.stdout == plain.stdout == f"['-c', '{arg}'] '' __main__ False\n"
+        assert fork.stderr.strip().splitlines()[-1:] == plain.stderr.strip().splitlines()[-1:]
 
 
 def test_each_run_draws_its_own_random_state(served):
@@ -143,9 +158,10 @@ def test_a_trainer_run_through_the_server_equals_one_in_a_fresh_interpreter(tmp_
             "--config.logging.wandb=False", "--config.logging.image_freq=0", "--config.logging.debug_dump=True",
             f"--config.logdir={tmp_path}"]
     env = cpu_env()
+    served = conftest._fork_server(env, now=True)
     fork = subprocess.run([sys.executable, *args, "--config.run_name=fork"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
-    assert "fork_client.py" in " ".join(fork.args) or conftest._fork_server(env) is None
+    assert "fork_client.py" in " ".join(fork.args) or served is None
     plain = subprocess.run([sys.executable, *args, "--config.run_name=plain"], cwd=ROOT,
                            env=dict(env, DDPO_GRPO_TEST_FORK="0"), capture_output=True,
                            text=True, timeout=600)

@@ -12,7 +12,9 @@ CORE = ("common", "ddim_with_logprob", "sde_with_logprob", "policy_step", "pipel
 
 
 def run_py(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    # DDPO_GRPO_TEST_FORK=0: a fresh interpreter (these runs check what it has imported; the suite's fork server
+    # would hand them one with torch and accelerate imported)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), DDPO_GRPO_TEST_FORK="0")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
