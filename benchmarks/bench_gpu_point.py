@@ -9,11 +9,13 @@ import tempfile
 import time
 
 
-def count_flops(model: str, config, train: bool = True) -> dict:
+def count_flops(model: str, config, train: bool = True, pipe=None) -> dict:
     """FLOPs of one denoiser call on one row (denoiser_inputs): forward (sampling) and, with `train`, forward +
     backward (training: LoRA or full, as configured), counted by torch.utils.flop_counter on a meta-device build at
     the config's shapes (nothing is allocated: the same count on any machine), without gradient checkpointing (its
-    recomputed forward is not model FLOPs). Also the denoiser's parameters and the shapes."""
+    recomputed forward is not model FLOPs). Also the denoiser's parameters and the shapes. `pipe`: the config's meta
+    pipeline (meta_counts.meta_pipeline), already built by the caller, untrained and unchanged: its denoiser is copied
+    (training adds the adapters to the copy), so the caller can count it again (scripts/bench_gpu.py's GPU check)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -22,8 +24,14 @@ def count_flops(model: str, config, train: bool = True) -> dict:
     from ddpo_grpo.trainer.run.build import make_trainable
     from ddpo_grpo.trainer.checks.meta_counts import denoiser_inputs
 
-    pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
-    pipe.adapter.configure(pipe, config)  # FLUX-dev's embedded guidance, Wan's frames
+    if pipe is None:
+        pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
+        pipe.adapter.configure(pipe, config)  # FLUX-dev's embedded guidance, Wan's frames
+    else:  # a meta copy costs no memory; the caller's denoiser keeps its parameters as they are
+        import copy
+        import dataclasses
+
+        pipe = dataclasses.replace(pipe, unet=copy.deepcopy(pipe.unet))
     x, t, cond = denoiser_inputs(pipe)
     out = {"denoiser_params": sum(p.numel() for p in inner_model(pipe.unet).parameters()),
            "sample_shape": list(pipe.sample_shape), "condition_shape": list(cond.shape[1:])}

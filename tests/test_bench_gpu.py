@@ -97,8 +97,15 @@ def attention(q_tokens, kv_tokens, width) -> int:
     return 4 * q_tokens * kv_tokens * width
 
 
-# model -> (denoiser parameters, attention FLOPs per forward row at its config's shapes: the published layouts)
-WAN_TOKENS = 9 * 30 * 52  # 33 frames -> 9 latent frames, 480 x 832 px -> 60 x 104 latents, 1x2x2 patches
+def wan_tokens(sample_shape) -> int:
+    """Wan's tokens per row: latent frames x (H / 2) x (W / 2) (1x2x2 patches); 480 x 832 px -> 60 x 104 latents, and
+    the GPU check's 17 frames -> 5 latent frames (33 -> 9)."""
+    _, frames, h, w = sample_shape
+    return frames * (h // 2) * (w // 2)
+
+
+# model -> (denoiser parameters, attention FLOPs per forward row at its config's shapes: the published layouts; Wan's
+# a function of its sample shape (C, F, H, W), whose frames the GPU check sets)
 REAL = {
     "sdxl-random": (2_567_463_684,  # 10 transformer layers at 64x64 tokens (640 wide), 60 at 32x32 (1280), CLIP 77
                     10 * (attention(4096, 4096, 640) + attention(4096, 77, 640))
@@ -107,38 +114,60 @@ REAL = {
                            24 * attention(1357, 1357, 1536) + 13 * attention(1024, 1024, 1536)),
     "flux-dev-random": (11_901_408_320, 57 * attention(1024 + 512, 1024 + 512, 3072)),  # 19 double + 38 single
     "wan21-1.3b-random": (1_418_996_800,  # 30 blocks: self-attention and cross-attention to 512 UMT5 tokens
-                          30 * (attention(WAN_TOKENS, WAN_TOKENS, 1536) + attention(WAN_TOKENS, 512, 1536))),
+                          lambda shape: 30 * (attention(wan_tokens(shape), wan_tokens(shape), 1536)
+                                              + attention(wan_tokens(shape), 512, 1536))),
 }
 
 
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """scripts/gpu_check.sh --dry-run, once for this module: (its CompletedProcess, $OUT/counts.json or None). ~2-3
+    min on 2 cores: the meta builds of six pipelines, which the FLOP tests below read too."""
+    import json
+    import subprocess
+
+    out = tmp_path_factory.mktemp("dry")
+    p = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=dict(ENV, OUT=str(out), PYTHON=sys.executable))
+    counts = out / "counts.json"
+    return p, json.loads(counts.read_text()) if counts.exists() else None
+
+
+def dry_counts(dry_run) -> dict:
+    p, counts = dry_run
+    assert p.returncode == 0 and counts is not None, (p.stdout[-2000:], p.stderr[-3000:])
+    return counts
+
+
 @pytest.mark.parametrize("model", list(REAL))
-def test_flops_per_row_are_the_layers_and_the_attention_of_the_real_shapes(model):
-    """count_flops (torch's flop counter on a meta-device build at the config's shapes) = the Linear and convolution
-    FLOPs of the modules' shapes + the closed-form attention FLOPs of the published layout, and the denoiser has the
-    published parameter count."""
+def test_flops_per_row_are_the_layers_and_the_attention_of_the_real_shapes(model, dry_run):
+    """count_flops (torch's flop counter on a meta-device build at the config's shapes, as the GPU check's dry run
+    counts it) = the Linear and convolution FLOPs of the modules' shapes + the closed-form attention FLOPs of the
+    published layout, and the denoiser has the published parameter count."""
     from ddpo_grpo.models import load_pipeline
 
+    counted = dry_counts(dry_run)[model]
     bench_gpu = load_bench()
-    config = bench_gpu.point_config(args_for(bench_gpu), model, *bench_gpu.defaults(args_for(bench_gpu), model)[0][:1],
-                                    True, "lora", {})
-    counted = bench_gpu.count_flops(model, config, train=False)
+    config = bench_gpu.gpu_check_config(args_for(bench_gpu), model)
     params, attn = REAL[model]
+    attn = attn(counted["sample_shape"]) if callable(attn) else attn
     assert counted["denoiser_params"] == params
     pipe = load_pipeline(model, torch.float32, "meta", int(config.pretrained.resolution))
     pipe.adapter.configure(pipe, config)
     x, t, cond = denoiser_inputs(pipe)
+    assert counted["sample_shape"] == list(pipe.sample_shape) and counted["condition_shape"] == list(cond.shape[1:])
     with torch.no_grad():
         layers = linear_conv_flops(pipe.unet, lambda: pipe.unet(x, t, encoder_hidden_states=cond))
     assert counted["flops_fwd_row"] == pytest.approx(layers + attn, rel=1e-9)
 
 
-def test_lora_training_flops_are_input_gradients_plus_attention_backward():
+def test_lora_training_flops_are_input_gradients_plus_attention_backward(dry_run):
     """A LoRA training row: the forward, the input gradient of every frozen layer (as much again) and attention's
     backward (twice its forward, both operands are activations); the adapters add under 1 %."""
     bench_gpu = load_bench()
     model = "sd35-medium-random"
-    config = bench_gpu.point_config(args_for(bench_gpu), model, 8, True, "lora", {})
-    counted = bench_gpu.count_flops(model, config)
+    assert bench_gpu.gpu_check_point(model)[3] == "lora"  # the GPU check's SD3.5 point trains LoRA
+    counted = dry_counts(dry_run)[model]
     attn = REAL[model][1]
     layers = counted["flops_fwd_row"] - attn
     assert 2 * layers + 3 * attn < counted["flops_train_row"] < 1.01 * (2 * layers + 3 * attn)
@@ -318,17 +347,14 @@ def test_gpu_check_refuses_in_one_line(tmp_path):
     assert not (tmp_path / "bench_gpu.jsonl").exists()
 
 
-def test_gpu_check_dry_run_validates_all_six(tmp_path):
+def test_gpu_check_dry_run_validates_all_six(dry_run):
     """scripts/gpu_check.sh --dry-run on a CPU: every build's gpu check config validated, its memory plan made (fits
     80 GB, gradient checkpointing exactly where the plan needs it) and its denoiser counted on "meta" (the real
-    parameter counts), written to $OUT/counts.json. ~2-3 min on 2 cores: the meta builds of six pipelines."""
-    import json
-
+    parameter counts), written to $OUT/counts.json."""
     bench_gpu = load_bench()
-    p = gpu_check("--dry-run", out=tmp_path)
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    p, _ = dry_run
+    counts = dry_counts(dry_run)
     assert p.stdout.strip().splitlines()[-1] == "gpu check dry run: all six builds validated"
-    counts = json.loads((tmp_path / "counts.json").read_text())
     assert list(counts) == list(bench_gpu.GPU_CHECK) and set(counts) == set(bench_gpu.MODELS)
     assert sum(t for t, *_ in bench_gpu.GPU_CHECK.values()) <= 450  # the 8 minutes, with the host's start-up
     for model, c in counts.items():
