@@ -87,8 +87,8 @@ def test_sd15_random_bench_config_validates_at_512():
 def test_one_cpu_epoch_on_sd15_random_at_64px(tmp_path):
     cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd15_random_bench",
            "--config.mixed_precision=no", "--config.pretrained.resolution=64", "--config.sample.num_steps=2",
-           "--config.sample.batch_size=1", "--config.sample.num_batches_per_epoch=2", "--config.sample.k=2",
-           "--config.train.batch_size=1", "--config.num_epochs=1", "--config.logging.wandb=False",
+           "--config.sample.batch_size=2", "--config.sample.num_batches_per_epoch=1", "--config.sample.k=2",
+           "--config.train.batch_size=2", "--config.num_epochs=1", "--config.logging.wandb=False",
            "--config.logging.tensorboard=False", "--config.logging.image_freq=0", f"--config.logdir={tmp_path}",
            "--config.run_name=r"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
