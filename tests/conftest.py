@@ -41,20 +41,29 @@ import time  # noqa: E402
 
 import forkserver  # noqa: E402
 
-_servers = {}  # the import-time environment (JSON) -> the socket of its server, or None where none serves it
+_servers = {}  # the import-time environment (JSON) -> the socket of its server, "first" (seen once), or None (none)
+_running = {}  # the environment -> its server process, least recently used first
+MAX_SERVERS = 4  # per pytest worker (each holds torch, diffusers, transformers, ... imported: ~0.5 GB)
 
 
 def _fork_server(env: dict, now: bool = False):
     """The socket of a server whose imports saw `env`'s import-time variables (started on the environment's second
-    run, or at once with `now`), or None."""
+    run, or at once with `now`), or None. Past MAX_SERVERS the least recently used server stops (its runs in flight
+    go on: they are its children's children, not it)."""
     key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
+    if key in _running:
+        _running[key] = _running.pop(key)  # most recently used last
     if key not in _servers and not now:  # an environment's first run: the interpreter (a server costs a run's imports)
         _servers[key] = "first"
         return None
     if _servers.get(key, "first") == "first":  # its second: a server, which its later runs reuse
         _servers[key] = None
-        if env.get("OMP_NUM_THREADS") != "1" or sum(isinstance(v, str) and v != "first" for v in _servers.values()) > 3:
-            return None  # (more threads: a library would start a pool)
+        if env.get("OMP_NUM_THREADS") != "1":  # more threads: a library would start a pool, and fork copies it
+            return None
+        while len(_running) >= MAX_SERVERS:
+            old = next(iter(_running))
+            _running.pop(old).kill()
+            _servers[old] = "first"  # its next run starts it again
         folder = tempfile.mkdtemp(prefix="ddpo_fork_")
         path = os.path.join(folder, "s")
         with open(os.path.join(folder, "log"), "w") as log:
@@ -65,7 +74,10 @@ def _fork_server(env: dict, now: bool = False):
         deadline = time.time() + 300
         while not os.path.exists(path) and server.poll() is None and time.time() < deadline:
             time.sleep(0.05)
-        _servers[key] = path if os.path.exists(path) else None
+        if os.path.exists(path):
+            _servers[key], _running[key] = path, server
+        else:
+            server.kill()
     return _servers[key]
 
 

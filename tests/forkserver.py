@@ -29,7 +29,9 @@ import sys
 ENV_AT_IMPORT = ("HF_", "HUGGINGFACE", "DIFFUSERS", "TRANSFORMERS", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL_",
                  "KMP_", "OPENBLAS", "PYTHON", "MALLOC_", "LD_", "MPL", "XDG_", "TOKENIZERS", "NUMEXPR", "WANDB_",
                  "USE_TORCH")
-NOT_AT_IMPORT = ("TORCHELASTIC_", "TORCH_NCCL_")
+# PYTHONPATH is applied per run instead (run_sys_path): the preimported libraries come from site-packages either way,
+# and the tests' PYTHONPATHs (the repository, a reward plugin's folder) hold only modules the server never imports
+NOT_AT_IMPORT = ("TORCHELASTIC_", "TORCH_NCCL_", "PYTHONPATH")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "tests", "fork_client.py")
 MODULES = ("accelerate.commands.launch",)  # `python -m` runs that go through the server
@@ -37,6 +39,25 @@ MODULES = ("accelerate.commands.launch",)  # `python -m` runs that go through th
 
 def import_sensitive(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(ENV_AT_IMPORT) and not k.startswith(NOT_AT_IMPORT)}
+
+
+def _pythonpath(env: dict, cwd: str) -> list:
+    return [os.path.abspath(os.path.join(cwd, p)) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+SERVER_PYTHONPATH = set(_pythonpath(dict(os.environ), os.getcwd()))  # (read when the server imports this module)
+
+
+def run_sys_path(first: str, env: dict, cwd: str) -> list:
+    """sys.path as the interpreter starts a run with `env` in `cwd`: `first` (the script's folder, "" for -c, the cwd
+    for -m), then the run's PYTHONPATH entries made absolute (as site does), then the server's own interpreter paths
+    (stdlib, site-packages) without the server's PYTHONPATH entries."""
+    base = [p for p in sys.path[1:] if p not in SERVER_PYTHONPATH]
+    entries = []
+    for p in [first, *_pythonpath(env, cwd), *base]:
+        if p not in entries:
+            entries.append(p)
+    return entries
 
 
 def served_args(args, kwargs):
@@ -145,14 +166,18 @@ def worker(req: dict, fds) -> None:
     if argv[0] == "-m":
         module = argv[1]
         sys.argv = argv[1:]
-        sys.path[0] = os.getcwd()
+        first = os.getcwd()
     elif argv[0] == "-c":  # as `python -c`: sys.argv[0] "-c", the current directory first on sys.path (as "")
         code_string = argv[1]
         sys.argv = ["-c", *argv[2:]]
-        sys.path[0] = ""
+        first = ""
     else:
         sys.argv = argv
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        first = os.path.dirname(os.path.abspath(argv[0]))
+    sys.path[:] = run_sys_path(first, req["env"], req["cwd"])
+    import importlib
+
+    importlib.invalidate_caches()  # folders made since the server started (a test's plugin) are read afresh
     install_popen_hook(lambda env: req["server"])  # the runs this run starts: served by the same server
     import random
 

@@ -99,10 +99,22 @@ def test_each_run_draws_its_own_random_state(served):
 def test_a_different_import_time_environment_runs_the_real_interpreter(served):
     script, env, path, folder = served
     res = subprocess.run([sys.executable, "-S", CLIENT, script, "exit", "0"], cwd=folder, capture_output=True,
-                         text=True, timeout=120, env=dict(env, DDPO_GRPO_FORKSERVER=path, PYTHONPATH=str(folder)))
+                         text=True, timeout=120, env=dict(env, DDPO_GRPO_FORKSERVER=path, TOKENIZERS_PARALLELISM="0"))
     assert res.returncode == 0 and "env x" in res.stdout
-    assert str(folder) in subprocess.run([sys.executable, "-c", "import sys; print(sys.path)"], capture_output=True,
-                                         text=True, env=dict(env, PYTHONPATH=str(folder))).stdout
+
+
+def test_pythonpath_is_the_runs_own(served, tmp_path):
+    """PYTHONPATH is not an import-time variable for the server: each run's sys.path has its entries (made absolute)
+    right after the script's folder, as the interpreter's does, and a module there is found."""
+    script, env, path, folder = served
+    (tmp_path / "probe_mod.py").write_text("VALUE = 42\n")
+    code = "import sys, probe_mod; print(sys.path[:3], probe_mod.VALUE)"
+    run_env = dict(env, PYTHONPATH=os.pathsep.join([str(tmp_path), "rel"]))
+    fork, plain = (subprocess.run([sys.executable, *pre, "-c", code], env=e, cwd=folder, capture_output=True,
+                                  text=True, timeout=120)
+                   for pre, e in ((("-S", CLIENT), dict(run_env, DDPO_GRPO_FORKSERVER=path)), ((), run_env)))
+    assert fork.returncode == plain.returncode == 0, fork.stderr[-2000:]
+    assert fork.stdout == plain.stdout == f"{['', str(tmp_path), str(folder / 'rel')]} 42\n"
 
 
 def _alive(pid: int) -> bool:
