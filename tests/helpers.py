@@ -38,6 +38,18 @@ def flow_scheduler() -> FlowMatchEulerDiscreteScheduler:
     return FlowMatchEulerDiscreteScheduler(shift=3.0)
 
 
+def python_for_shell(env: dict) -> dict:
+    """PYTHON=... (and what it needs) for a shell script a test runs with `env` that calls "$PYTHON": the suite's
+    fork server's stand-in (tests/served_python) where conftest has a server for env, else this interpreter."""
+    import conftest
+
+    path = conftest._fork_server(env) if "_fork_server" in dir(conftest) else None
+    if path is None or env.get("DDPO_GRPO_TEST_FORK", os.environ.get("DDPO_GRPO_TEST_FORK", "1")) == "0":
+        return {"PYTHON": sys.executable}
+    return {"PYTHON": os.path.join(os.path.dirname(os.path.abspath(__file__)), "served_python"),
+            "DDPO_GRPO_PYTHON": sys.executable, "DDPO_GRPO_FORKSERVER": path}
+
+
 def cpu_env(**extra) -> dict:
     """Environment for a trainer subprocess pinned to CPU (+ gloo when several processes), whatever the machine
     has: multi-process tests check the logic, not the device, and N ranks on one GPU would stop inside NCCL.

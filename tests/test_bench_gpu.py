@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from helpers import run_side_by_side
+from helpers import python_for_shell, run_side_by_side
 
 from ddpo_grpo.trainer.checks.meta_counts import denoiser_inputs
 from ddpo_grpo.models.sd3 import ADAPTER  # noqa: F401  (build_sd3_tiny's architecture, as models.model_adapter asks)
@@ -128,7 +128,7 @@ def dry_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("dry")
     p = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env=dict(ENV, OUT=str(out), PYTHON=sys.executable))
+                       timeout=600, env=dict(ENV, OUT=str(out), **python_for_shell(ENV)))
     counts = out / "counts.json"
     return p, json.loads(counts.read_text()) if counts.exists() else None
 
@@ -330,7 +330,7 @@ def gpu_check(*args, out):
     import subprocess
 
     return subprocess.run(["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(ENV, OUT=str(out), PYTHON=sys.executable))
+                          timeout=600, env=dict(ENV, OUT=str(out), **python_for_shell(ENV)))
 
 
 def test_gpu_check_refuses_in_one_line(tmp_path):

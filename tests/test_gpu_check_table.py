@@ -12,6 +12,7 @@ import time
 from types import SimpleNamespace as NS
 
 import pytest
+from helpers import python_for_shell
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -27,7 +28,7 @@ BUILDS = ["sd15-random", "sd35-medium-random", "sdxl-random", "wan21-1.3b-random
 
 def gpu_check(*args, out, **env):
     return subprocess.run(["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(ENV, OUT=str(out), PYTHON=sys.executable, **env))
+                          timeout=300, env=dict(ENV, OUT=str(out), **python_for_shell(dict(ENV, **env)), **env))
 
 
 def status(line: str) -> str:
@@ -108,7 +109,7 @@ def test_a_signal_to_the_script_stops_the_build_and_prints_the_table(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--simulate", "--only", "sd15-random"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(ENV, OUT=str(out), PYTHON=sys.executable, GPU_CHECK_SIMULATE="sd15-random=stuck"))
+                            env=dict(ENV, OUT=str(out), **python_for_shell(ENV), GPU_CHECK_SIMULATE="sd15-random=stuck"))
     for line in iter(proc.stdout.readline, ""):  # the build has started: stop the script
         if "sd15-random: starting" in line:
             time.sleep(3)  # the script prints the line before it starts the build: let the build be running
