@@ -51,6 +51,9 @@ def _fork_server(env: dict, now: bool = False):
     run, or at once with `now`), or None. Past MAX_SERVERS the least recently used server stops (its runs in flight
     go on: they are its children's children, not it)."""
     key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
+    if key in _running and _running[key].poll() is not None:  # it died (killed from outside): start it again
+        _running.pop(key)
+        _servers[key] = "first"
     if key in _running:
         _running[key] = _running.pop(key)  # most recently used last
     if key not in _servers and not now:  # an environment's first run: the interpreter (a server costs a run's imports)

@@ -288,12 +288,10 @@ def supervise(conn: socket.socket, own_env: dict) -> None:
 
 
 def serve(path: str) -> None:
-    try:  # the server ends with the pytest worker that started it
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    # The server ends with the pytest worker that started it: it polls its parent PROCESS (below). Not PR_SET_PDEATHSIG,
+    # which fires when the parent THREAD ends: a server started from a test's thread pool (helpers.run_parallel) was
+    # killed when the pool shut down, and every later run of its environment fell back to a fresh interpreter.
+    parent = os.getppid()
     own_env = import_sensitive(dict(os.environ))
     preimport()
     if len(os.listdir("/proc/self/task")) != 1:  # a library started a thread: forking would copy a broken pool
@@ -305,6 +303,10 @@ def serve(path: str) -> None:
     os.rename(path + ".tmp", path)  # the path appears when the server accepts
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the supervisors are reaped by the kernel
     while True:
+        if not select.select([srv], [], [], 1.0)[0]:
+            if os.getppid() != parent:  # the worker is gone (re-parented to init): so is its server
+                os._exit(0)
+            continue
         conn, _ = srv.accept()
         if os.fork() == 0:
             srv.close()

@@ -1,5 +1,6 @@
 """The suite's fork server (tests/forkserver.py, hooked in tests/conftest.py) must change nothing a test can see but the
 start-up time: a script's output, exit status, signals and death as `python SCRIPT` gives them."""
+import json
 import os
 import signal
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import time
 
 import conftest
+import forkserver
 import pytest
 from helpers import cpu_env
 
@@ -187,3 +189,53 @@ def test_a_trainer_run_through_the_server_equals_one_in_a_fresh_interpreter(tmp_
     last = [sorted((tmp_path / name / "checkpoints").glob("checkpoint_*"))[-1] for name in ("fork", "plain")]
     wa, wb = (load_file(str(d / "model.safetensors")) for d in last)
     assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_a_server_started_from_a_thread_outlives_the_thread_and_a_dead_one_is_restarted(served):
+    """helpers.run_parallel starts runs from a thread pool, so the hook may start a server from a thread that then
+    ends; the server must live on (it watches the worker process, not the thread: PR_SET_PDEATHSIG killed it, and every
+    later run of its environment fell back to a fresh interpreter). A server killed from outside is started again on
+    its environment's next run instead of its stale socket being handed out."""
+    import threading
+
+    script, _, _, folder = served
+    env = cpu_env(PROBE="x", TOKENIZERS_PARALLELISM="false")  # an import-time variable: an environment of its own
+    key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
+    got = []
+    try:
+        t = threading.Thread(target=lambda: got.append(conftest._fork_server(env, now=True)))
+        t.start()
+        t.join()
+        path = got[0]
+        if path is None:
+            pytest.skip("no fork server for this environment")
+        time.sleep(1.5)  # PR_SET_PDEATHSIG's SIGTERM would have arrived by now
+        assert conftest._running[key].poll() is None
+
+        def run_pid(p):
+            marker = folder / "pids"
+            marker.unlink(missing_ok=True)
+            proc = subprocess.Popen([sys.executable, "-S", CLIENT, script, "sleep", str(marker)], cwd=folder,
+                                    env=dict(env, DDPO_GRPO_FORKSERVER=p), start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.time() + 60
+            while not (marker.exists() and marker.read_text()) and time.time() < deadline:
+                time.sleep(0.05)
+            pid = int(marker.read_text().split()[0])
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            return pid, proc.pid
+
+        pid, client = run_pid(path)
+        assert pid != client  # served: the run is a fork of the server, not the client's own interpreter
+        conftest._running[key].kill()
+        conftest._running[key].wait(timeout=30)
+        again = conftest._fork_server(env)
+        assert again is not None and again != path and conftest._running[key].poll() is None
+        pid, client = run_pid(again)
+        assert pid != client
+    finally:
+        server = conftest._running.pop(key, None)
+        if server is not None:
+            server.kill()
+        conftest._servers[key] = "first"
