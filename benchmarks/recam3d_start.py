@@ -18,6 +18,8 @@ camera (opposite score >= threshold); per preset the same.
 
 --bench-estimator N: the estimator on N ground-truth target renders of the eval split (no model), per option set:
 wall and CPU seconds per 3-frame clip (CPU: the machine is shared), mean score against the true numbers and against the opposite numbers.
+With --blur 2 4 also on the renders average-pooled 2 x 2 / 4 x 4 and upsampled back (what a 4 x 4-compressing VAE
+could keep at best, roughly): which options read a blurred clip's camera best.
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ OPTION_SETS = [
     {"sigmas": [0.0], "iters": 4},
     {"sigmas": [0.0], "iters": 2},
     {"sigmas": [0.0], "iters": 3},
+    # blur-robust sets for generated clips (--blur 2 4: a VAE's reconstructions are blurred, docs/recam.md)
+    {"sigmas": [0.05, 0.02], "iters": 2},
+    {"sigmas": [0.04], "iters": 3},
 ]
 
 
@@ -91,15 +96,27 @@ def score_clips(clips, items, opts, workers):
     return [_score_job(j) for j in jobs]
 
 
-def bench_estimator(n: int, workers: int, only=None) -> dict:
+def blurred(clip: np.ndarray, factor: int) -> np.ndarray:
+    """(F, 3, H, W) clip through factor x factor average pooling and bilinear upsampling back: a stand-in for what a
+    VAE with that spatial compression keeps (the start model's 4 x 4, if it kept no more than each block's mean)."""
+    if factor <= 1:
+        return clip
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.asarray(clip, np.float32))
+    return F.interpolate(F.avg_pool2d(x, factor), size=x.shape[-2:], mode="bilinear", align_corners=False).numpy()
+
+
+def bench_estimator(n: int, workers: int, only=None, blur=(1,)) -> dict:
     data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     items = [data[i] for i in range(0, len(data), max(1, len(data) // n))][:n]
-    clips = [np.asarray(it["target_video"]) for it in items]
     out = {}
-    for opts in (OPTION_SETS if only is None else [OPTION_SETS[i] for i in only]):
+    for opts, factor in ((o, f) for o in (OPTION_SETS if only is None else [OPTION_SETS[i] for i in only])
+                         for f in blur):
+        clips = [blurred(np.asarray(it["target_video"]), factor) for it in items]
         t = time.time()
         r = np.array(score_clips(clips, items, opts, workers))
-        key = json.dumps(opts) if opts else "defaults"
+        key = (json.dumps(opts) if opts else "defaults") + (f" blur {factor}" if factor > 1 else "")
         out[key] = dict(n=len(items), seconds_per_clip=float(r[:, 2].mean()), cpu_seconds_per_clip=float(r[:, 3].mean()),
                         true_mean=float(r[:, 0].mean()),
                         true_min=float(r[:, 0].min()), opposite_mean=float(r[:, 1].mean()),
@@ -139,12 +156,14 @@ def main() -> None:
     ap.add_argument("--bench-estimator", type=int, default=0, metavar="N")
     ap.add_argument("--limit", type=int, default=0, help="the first N held-out conditions only (a smoke run)")
     ap.add_argument("--option-sets", type=int, nargs="*", default=None, help="--bench-estimator: these OPTION_SETS only")
+    ap.add_argument("--blur", type=int, nargs="*", default=[1],
+                    help="--bench-estimator: also score the renders average-pooled by these factors (1 = as rendered)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
     torch.set_num_threads(2)
     if args.bench_estimator:
-        res = {"estimator_options": bench_estimator(args.bench_estimator, args.workers, args.option_sets)}
+        res = {"estimator_options": bench_estimator(args.bench_estimator, args.workers, args.option_sets, args.blur)}
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(res, f, indent=1)
