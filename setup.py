@@ -1,7 +1,7 @@
 from setuptools import find_packages, setup
 
 # assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
-BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video")
+BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video", "tiny-recam3d")
 
 setup(
     name="ddpo_grpo",

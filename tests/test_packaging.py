@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "ddpo_grpo")
 ASSETS = os.path.join(ROOT, "assets")
-BUNDLED = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video")
+BUNDLED = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video", "tiny-recam3d")
 WORLD_REWARDS = {
     "toyworld": "ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
     "cam_score": "ddpo_grpo.worlds.recam.cam_score:make_cam_score",

@@ -139,6 +139,26 @@ def recam_video_tiny_grpo():
     return config
 
 
+def recam3d_tiny_grpo():
+    """recam_video_tiny_grpo's recipe (clipped ratio, per-timestep advantages on the 4-step SDE window, the EMA-mixed
+    reference, 40 epochs x 128 clips) on the 3-D camera world (data.name room3d: pans and tilts turn the camera; train
+    on random paths in training rooms, evaluated on ReCamMaster's ten presets in held-out rooms, 64 x 4 deterministic
+    samples) with the bundled `tiny-recam3d`: ReCamMaster's architecture pretrained there with part of its pairs
+    conditioned on the OPPOSITE camera (benchmarks/pretrain_recam_video.py --mislabel opposite), so its camera error
+    is a known, shared one. cam_score reads the camera with the world's exact estimator (it knows the room: the pose
+    whose render matches each frame), at the blur-robust setting measured for generated clips (docs/recam.md)."""
+    config = recam_video_tiny_grpo()
+    config.data.name = "room3d"
+    config.pretrained.model = "tiny-recam3d"
+    config.pretrained.resolution = 0
+    config.pretrained.height, config.pretrained.width = 32, 48  # non-square, as ReCamMaster's 480 x 832
+    config.reward.fns = {"cam_score": 1.0}
+    config.reward.kwargs = {"cam_score": {
+        "pose_estimator": "ddpo_grpo.worlds.room3d.estimator:make_exact_estimator",
+        "pose_estimator_kwargs": {"sigmas": [0.05, 0.02], "iters": 2}, "workers": 1}}
+    return config
+
+
 def recam_image():
     """The 2-D image camera world (`tiny-recam`, a pixel UNet whose 9 input channels take the source view and the
     motion planes) at the seed report's geometry: the recipe `recam` had before ReCamMaster; kept because its

@@ -19,6 +19,9 @@ BUNDLED = {
     # ReCamMaster's architecture (Wan classes + camera layers) pretrained on the video camera world; its DiT is
     # recammaster.ckpt inside the folder (config recam_video_tiny: pretrained.recam_checkpoint="recammaster.ckpt")
     "tiny-recam-video": "tiny-recam-video",
+    # the same architecture pretrained on the 3-D camera world (worlds/room3d) with a quarter of its pairs conditioned
+    # on the opposite camera (config recam3d_tiny_grpo; docs/recam.md: an interim start model, issue 59)
+    "tiny-recam3d": "tiny-recam3d",
 }
 # Models built from configs in memory (random weights, nothing read from disk): name -> family, and name -> the
 # builder ("module:function", called as fn(resolution=, torch_dtype=, device=, denoiser_dtype=) and, for video,
