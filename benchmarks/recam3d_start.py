@@ -110,10 +110,11 @@ def blurred(clip: np.ndarray, factor: int) -> np.ndarray:
 def bench_estimator(n: int, workers: int, only=None, blur=(1,)) -> dict:
     data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     items = [data[i] for i in range(0, len(data), max(1, len(data) // n))][:n]
+    clips_at = {f: [blurred(np.asarray(it["target_video"]), f) for it in items] for f in blur}
     out = {}
     for opts, factor in ((o, f) for o in (OPTION_SETS if only is None else [OPTION_SETS[i] for i in only])
                          for f in blur):
-        clips = [blurred(np.asarray(it["target_video"]), factor) for it in items]
+        clips = clips_at[factor]
         t = time.time()
         r = np.array(score_clips(clips, items, opts, workers))
         key = (json.dumps(opts) if opts else "defaults") + (f" blur {factor}" if factor > 1 else "")

@@ -46,11 +46,16 @@ _running = {}  # the environment -> its server process, least recently used firs
 MAX_SERVERS = 4  # per pytest worker (each holds torch, diffusers, transformers, ... imported: ~0.5 GB)
 
 
+def env_key(env: dict) -> str:
+    """The import-time environment of `env` as a key: runs with equal keys can share a server."""
+    return json.dumps(sorted(forkserver.import_sensitive(env).items()))
+
+
 def _fork_server(env: dict, now: bool = False):
     """The socket of a server whose imports saw `env`'s import-time variables (started on the environment's second
     run, or at once with `now`), or None. Past MAX_SERVERS the least recently used server stops (its runs in flight
     go on: they are its children's children, not it)."""
-    key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
+    key = env_key(env)
     if key in _running and _running[key].poll() is not None:  # it died (killed from outside): start it again
         _running.pop(key)
         _servers[key] = "first"

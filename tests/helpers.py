@@ -43,8 +43,10 @@ def python_for_shell(env: dict) -> dict:
     fork server's stand-in (tests/served_python) where conftest has a server for env, else this interpreter."""
     import conftest
 
-    path = conftest._fork_server(env) if "_fork_server" in dir(conftest) else None
-    if path is None or env.get("DDPO_GRPO_TEST_FORK", os.environ.get("DDPO_GRPO_TEST_FORK", "1")) == "0":
+    if env.get("DDPO_GRPO_TEST_FORK", os.environ.get("DDPO_GRPO_TEST_FORK", "1")) == "0":
+        return {"PYTHON": sys.executable}  # decided before asking for a server: none is started for it
+    path = conftest._fork_server(env) if hasattr(conftest, "_fork_server") else None
+    if path is None:
         return {"PYTHON": sys.executable}
     return {"PYTHON": os.path.join(os.path.dirname(os.path.abspath(__file__)), "served_python"),
             "DDPO_GRPO_PYTHON": sys.executable, "DDPO_GRPO_FORKSERVER": path}

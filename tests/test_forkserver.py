@@ -1,6 +1,5 @@
 """The suite's fork server (tests/forkserver.py, hooked in tests/conftest.py) must change nothing a test can see but the
 start-up time: a script's output, exit status, signals and death as `python SCRIPT` gives them."""
-import json
 import os
 import signal
 import subprocess
@@ -8,7 +7,6 @@ import sys
 import time
 
 import conftest
-import forkserver
 import pytest
 from helpers import cpu_env
 
@@ -127,9 +125,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_killing_the_client_kills_the_run_and_its_children(served):
-    script, env, path, folder = served
+def start_sleeping_run(script, env, path, folder):
+    """(client process, run pid, its child's pid) of the probe's "sleep" mode through the server at `path`, once the
+    run has written its pids (the client in a session of its own, so that a test can kill it whole)."""
     marker = folder / "pids"
+    marker.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-S", CLIENT, script, "sleep", str(marker)], cwd=folder,
                             env=dict(env, DDPO_GRPO_FORKSERVER=path), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -137,6 +137,11 @@ def test_killing_the_client_kills_the_run_and_its_children(served):
     while not (marker.exists() and marker.read_text()) and time.time() < deadline:
         time.sleep(0.05)
     run_pid, child_pid = map(int, marker.read_text().split())
+    return proc, run_pid, child_pid
+
+
+def test_killing_the_client_kills_the_run_and_its_children(served):
+    proc, run_pid, child_pid = start_sleeping_run(*served)
     assert run_pid != proc.pid and _alive(run_pid) and _alive(child_pid)
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -200,7 +205,7 @@ def test_a_server_started_from_a_thread_outlives_the_thread_and_a_dead_one_is_re
 
     script, _, _, folder = served
     env = cpu_env(PROBE="x", TOKENIZERS_PARALLELISM="false")  # an import-time variable: an environment of its own
-    key = json.dumps(sorted(forkserver.import_sensitive(env).items()))
+    key = conftest.env_key(env)
     got = []
     try:
         t = threading.Thread(target=lambda: got.append(conftest._fork_server(env, now=True)))
@@ -213,15 +218,7 @@ def test_a_server_started_from_a_thread_outlives_the_thread_and_a_dead_one_is_re
         assert conftest._running[key].poll() is None
 
         def run_pid(p):
-            marker = folder / "pids"
-            marker.unlink(missing_ok=True)
-            proc = subprocess.Popen([sys.executable, "-S", CLIENT, script, "sleep", str(marker)], cwd=folder,
-                                    env=dict(env, DDPO_GRPO_FORKSERVER=p), start_new_session=True,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.time() + 60
-            while not (marker.exists() and marker.read_text()) and time.time() < deadline:
-                time.sleep(0.05)
-            pid = int(marker.read_text().split()[0])
+            proc, pid, _ = start_sleeping_run(script, env, p, folder)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
             return pid, proc.pid

@@ -152,7 +152,6 @@ def recam3d_tiny_grpo():
     config.pretrained.model = "tiny-recam3d"
     config.pretrained.resolution = 0
     config.pretrained.height, config.pretrained.width = 32, 48  # non-square, as ReCamMaster's 480 x 832
-    config.reward.fns = {"cam_score": 1.0}
     config.reward.kwargs = {"cam_score": {
         "pose_estimator": "ddpo_grpo.worlds.room3d.estimator:make_exact_estimator",
         "pose_estimator_kwargs": {"sigmas": [0.05, 0.02], "iters": 2}, "workers": 1}}
