@@ -126,14 +126,26 @@ def bench_estimator(n: int, workers: int, only=None, blur=(1,)) -> dict:
     return out
 
 
+class PretrainRooms(Room3DConditions):
+    """The eval split's conditions (ReCamMaster's ten presets) in the rooms the start model was PRETRAINED on (the
+    pool's rooms, benchmarks/pretrain_recam_video.ROOM3D_SCENE_SEED + k): --rooms pretrain, which separates "cannot
+    render the motion" from "does not carry it to unseen rooms"."""
+
+    def scene_seed(self, idx: int) -> int:
+        from benchmarks.pretrain_recam_video import ROOM3D_SCENE_SEED
+
+        return ROOM3D_SCENE_SEED + int(idx) - self.indices[0]
+
+
 @torch.no_grad()
-def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0):
+def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout"):
     from benchmarks.recam_heldout import sample_clips
     from ddpo_grpo.models import load_pipeline
 
     pipe = load_pipeline(model, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=checkpoint)
     pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
-    data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
+    data = (PretrainRooms if rooms == "pretrain" else Room3DConditions)("eval", num_frames=FRAMES, height=HEIGHT,
+                                                                        width=WIDTH)
     jobs = [(i, s) for s in seeds for i in range(limit or len(data))]
     clips, items = [], []
     for lo in range(0, len(jobs), batch):
@@ -159,6 +171,8 @@ def main() -> None:
     ap.add_argument("--option-sets", type=int, nargs="*", default=None, help="--bench-estimator: these OPTION_SETS only")
     ap.add_argument("--blur", type=int, nargs="*", default=[1],
                     help="--bench-estimator: also score the renders average-pooled by these factors (1 = as rendered)")
+    ap.add_argument("--rooms", choices=["heldout", "pretrain"], default="heldout",
+                    help="pretrain: the presets in the start model's own pretraining rooms (PretrainRooms)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
@@ -174,7 +188,7 @@ def main() -> None:
     folder = resolve_model_path(args.model)
     ckpt = args.checkpoint or os.path.join(folder, "recammaster.ckpt")
     t0 = time.time()
-    clips, items, jobs = sample(folder, ckpt, args.seeds, args.batch, args.limit)
+    clips, items, jobs = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
     t_sample = time.time() - t0
     # the requested-camera score is cam_score's own: checked on a few clips against the reward itself
     from ddpo_grpo.worlds.recam.cam_score import make_cam_score
@@ -194,7 +208,7 @@ def main() -> None:
         m = np.array([q == p for q in presets])
         per_preset[p] = dict(cam_score=float(true.reshape(k, n_cond)[:, m].mean()), pass1=float(ok[:, m].mean()),
                              passk=float(ok[:, m].any(axis=0).mean()), opposite_share=float(op[:, m].mean()))
-    res = dict(model=args.model, checkpoint=ckpt, n_samples=int(true.size), n_conditions=n_cond, seeds=args.seeds,
+    res = dict(model=args.model, checkpoint=ckpt, rooms=args.rooms, n_samples=int(true.size), n_conditions=n_cond, seeds=args.seeds,
                threshold=args.threshold, estimator=ESTIMATOR, estimator_kwargs=opts,
                cam_score_mean=float(true.mean()), cam_score_se=float(true.std(ddof=1) / np.sqrt(true.size)),
                opposite_score_mean=float(opp.mean()), pass1=float(ok.mean()), **{f"pass{k}": float(ok.any(axis=0).mean())},
