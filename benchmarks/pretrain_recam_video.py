@@ -57,7 +57,8 @@ Z_DIM = 8
 FLOW_SHIFT = 3.0
 
 
-def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int = 16):
+def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int = 16, dit_heads: int = 4,
+                dit_layers: int = 4, dit_ffn: int = 128):
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -75,8 +76,8 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
                            temperal_downsample=[True, True], scale_factor_spatial=4, scale_factor_temporal=4,
                            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=z_dim, out_channels=z_dim,
-        text_dim=32, freq_dim=32, ffn_dim=128, num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        patch_size=(1, 2, 2), num_attention_heads=dit_heads, attention_head_dim=16, in_channels=z_dim,
+        out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=dit_ffn, num_layers=dit_layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
         eps=1e-6, rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(**wan_scheduler_config(FLOW_SHIFT))
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
@@ -172,6 +173,10 @@ def main() -> None:
     ap.add_argument("--vae-lr", type=float, default=1e-3, help="stage 1's peak learning rate")
     ap.add_argument("--vae-snapshot-every", type=int, default=400,
                     help="VAE steps between VAE snapshots (<out>_vae_snapshots/stepN, for --vae-init after a crash)")
+    ap.add_argument("--dit-heads", type=int, default=4, help="the DiT's attention heads (of 16 channels each)")
+    ap.add_argument("--dit-layers", type=int, default=4, help="the DiT's blocks")
+    ap.add_argument("--dit-ffn", type=int, default=128, help="the DiT's feed-forward width")
+    ap.add_argument("--dit-init", default=None, help="a saved model (folder or bundled name) whose DiT stage 2 trains on")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", choices=["recam", "room3d"], default="recam",
@@ -210,7 +215,8 @@ def main() -> None:
         vae_from = AutoencoderKLWan.from_pretrained(sub if os.path.isdir(sub) else folder)
         args.z_dim, args.vae_base_dim = vae_from.config.z_dim, vae_from.config.base_dim
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
-                        z_dim=args.z_dim, vae_base_dim=args.vae_base_dim)
+                        z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
+                        dit_layers=args.dit_layers, dit_ffn=args.dit_ffn)
     if args.world == "room3d":
         pool_file = (f"/tmp/room3d_pool_{args.pool}_{args.frames}_{args.height}x{args.width}_ss{args.supersample}_"
                      f"{args.mislabel}{args.mislabel_fraction}.pt")
@@ -255,6 +261,17 @@ def main() -> None:
 
     text_encoder, tok = parts["text_encoder"].eval().requires_grad_(False), parts["tokenizer"]
     transformer = add_camera_layers(parts["transformer"])
+    if args.dit_init:  # train on from a saved model's DiT (camera layers included: its recammaster.ckpt)
+        from ddpo_grpo.models import load_pipeline, resolve_model_path
+
+        folder = resolve_model_path(args.dit_init)
+        init = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt")).unet.model
+        def arch(c):  # the config's architecture keys, tuples as lists (a loaded config has lists)
+            return {k: list(v) if isinstance(v, tuple) else v for k, v in c.items() if not k.startswith("_")}
+
+        if arch(init.config) != arch(transformer.config):
+            raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from --dit-heads/-layers/-ffn's")
+        transformer.load_state_dict(init.state_dict())
     den = RecamDenoiser(transformer)
     pipe = WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer,
                        scheduler=parts["scheduler"])

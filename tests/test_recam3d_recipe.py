@@ -3,6 +3,7 @@ world, cam_score read by the world's exact estimator (in its worker process), th
 4-step SDE window. One small epoch: it trains on-policy (ratio exactly 1 before the update) and the reward is the
 3-D reading (the 2-D world's motions are not there)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,3 +26,20 @@ def test_recam3d_tiny_grpo_trains_one_epoch_with_its_defaults(tmp_path):
     assert 0.0 <= history["reward_mean"] <= 1.0
     assert history["train"]["onpolicy_ratio_max_dev"] == 0.0  # re-scored old log-probs: exactly on-policy
     assert history["samples"] == 4
+
+
+def test_recam3d_tiny_nft_trains_one_epoch_with_its_defaults(tmp_path):
+    """The DiffusionNFT comparison config (recam3d_tiny_nft) on the same world and model: one small epoch, the
+    forward-process loss finite, every sample trained."""
+    args = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:recam3d_tiny_nft",
+            "--config.num_epochs=1", "--config.save_freq=0", "--config.eval_freq=0", "--config.logging.wandb=False",
+            "--config.logging.tensorboard=False", "--config.sample.batch_size=4",
+            "--config.sample.num_batches_per_epoch=1", "--config.sample.k=4", "--config.train.batch_size=4",
+            "--config.train.gradient_accumulation_steps=1", f"--config.logdir={tmp_path}", "--config.run_name=r3d"]
+    r = subprocess.run(args, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    history = json.load(open(tmp_path / "r3d" / "summary.json"))["history"][0]
+    assert "cam_score/cam_score_accuracy" in history
+    assert history["samples"] == 4
+    assert math.isfinite(history["train"]["loss"]) and history["train"]["loss"] > 0.0  # a denoising MSE
+    assert history["train"]["skipped_steps"] == 0 and history["train"]["nonfinite_loss"] == 0

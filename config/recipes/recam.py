@@ -139,15 +139,13 @@ def recam_video_tiny_grpo():
     return config
 
 
-def recam3d_tiny_grpo():
-    """recam_video_tiny_grpo's recipe (clipped ratio, per-timestep advantages on the 4-step SDE window, the EMA-mixed
-    reference, 40 epochs x 128 clips) on the 3-D camera world (data.name room3d: pans and tilts turn the camera; train
-    on random paths in training rooms, evaluated on ReCamMaster's ten presets in held-out rooms, 64 x 4 deterministic
-    samples) with the bundled `tiny-recam3d`: ReCamMaster's architecture pretrained there with part of its pairs
-    conditioned on the OPPOSITE camera (benchmarks/pretrain_recam_video.py --mislabel opposite), so its camera error
-    is a known, shared one. cam_score reads the camera with the world's exact estimator (it knows the room: the pose
-    whose render matches each frame), at the blur-robust setting measured for generated clips (docs/recam.md)."""
-    config = recam_video_tiny_grpo()
+def _room3d(config):
+    """The 3-D camera world on this CPU (data.name room3d: pans and tilts turn the camera; train on random paths in
+    training rooms, evaluated on ReCamMaster's ten presets in held-out rooms, 64 x 4 deterministic samples) with the
+    bundled `tiny-recam3d`: ReCamMaster's architecture pretrained there with part of its pairs conditioned on the
+    OPPOSITE camera (benchmarks/pretrain_recam_video.py --mislabel opposite), so its camera error is a known, shared
+    one. cam_score reads the camera with the world's exact estimator (it knows the room: the pose whose render matches
+    each frame), at the blur-robust setting measured for generated clips (docs/recam.md)."""
     config.data.name = "room3d"
     config.pretrained.model = "tiny-recam3d"
     config.pretrained.resolution = 0
@@ -156,6 +154,19 @@ def recam3d_tiny_grpo():
         "pose_estimator": "ddpo_grpo.worlds.room3d.estimator:make_exact_estimator",
         "pose_estimator_kwargs": {"sigmas": [0.05, 0.02], "iters": 2}, "workers": 1}}
     return config
+
+
+def recam3d_tiny_grpo():
+    """recam_video_tiny_grpo's recipe (clipped ratio, per-timestep advantages on the 4-step SDE window, the EMA-mixed
+    reference, 40 epochs x 128 clips) on the 3-D camera world with `tiny-recam3d` (_room3d)."""
+    return _room3d(recam_video_tiny_grpo())
+
+
+def recam3d_tiny_nft():
+    """recam_video_tiny's DiffusionNFT recipe (GRPO's group advantages, re-noised at u >= 0.6, soft-updated sampling
+    policy, 40 epochs x 128 clips) on the 3-D camera world with `tiny-recam3d` (_room3d): the clipped-ratio recipe's
+    comparison on the same seeds (docs/recam.md)."""
+    return _room3d(recam_video_tiny())
 
 
 def recam_image():
