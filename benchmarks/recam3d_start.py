@@ -2,6 +2,7 @@
 
     python benchmarks/recam3d_start.py --out docs/recam3d_start.json
     python benchmarks/recam3d_start.py --bench-estimator 16     # the exact estimator's options: accuracy and speed
+    python benchmarks/recam3d_start.py --grid docs/recam3d_start_samples.png --limit 10 --seeds 0   # what it draws
 
 The model samples the 64 held-out conditions of Room3DConditions "eval" (ReCamMaster's ten presets on unseen rooms,
 9 x 32 x 48) from --seeds initial noises, deterministically (flow ODE, 10 steps, no CFG, the noise of seed s and
@@ -137,6 +138,20 @@ class PretrainRooms(Room3DConditions):
         return ROOM3D_SCENE_SEED + int(idx) - self.indices[0]
 
 
+def save_grid(clips, items, path: str, scale: int = 2) -> None:
+    """One row per clip (the first ten: seed 0's ten presets): the source view, the true target's frames 4 and 8, then
+    the sample's frames 0, 4 and 8 (frame 0 is the source camera: a sample should repeat the source view there)."""
+    from PIL import Image
+
+    rows = []
+    for c, it in zip(clips, items):
+        tgt = np.asarray(it["target_video"])
+        rows.append(np.concatenate([np.asarray(it["source_video"][0]), tgt[4], tgt[8], c[0], c[4], c[8]], axis=2))
+    img = (np.clip(np.concatenate(rows, axis=1).transpose(1, 2, 0), 0, 1) * 255).astype(np.uint8)
+    Image.fromarray(img).resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST).save(path, optimize=True)
+    print(f"saved {path}: rows {[it['preset'] for it in items]}", flush=True)
+
+
 @torch.no_grad()
 def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout"):
     from benchmarks.recam_heldout import sample_clips
@@ -173,6 +188,7 @@ def main() -> None:
                     help="--bench-estimator: also score the renders average-pooled by these factors (1 = as rendered)")
     ap.add_argument("--rooms", choices=["heldout", "pretrain"], default="heldout",
                     help="pretrain: the presets in the start model's own pretraining rooms (PretrainRooms)")
+    ap.add_argument("--grid", default="", help="a PNG of the first ten samples against their targets (save_grid)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
@@ -190,6 +206,8 @@ def main() -> None:
     t0 = time.time()
     clips, items, jobs = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
     t_sample = time.time() - t0
+    if args.grid:
+        save_grid(clips[:10], items[:10], args.grid)
     # the requested-camera score is cam_score's own: checked on a few clips against the reward itself
     from ddpo_grpo.worlds.recam.cam_score import make_cam_score
 
