@@ -146,10 +146,10 @@ def score(ctx, settings, inputs) -> StepResult:
 
 
 @torch.no_grad()
-def rescore_old_logprobs(ctx, settings, samples, plans: List[list]) -> List[torch.Tensor]:
+def rescore_old_logprobs(ctx, settings, samples, plan) -> List[torch.Tensor]:
     """The old log-probs of every inner epoch's calls, scored before the epoch's first update through the call
-    plan that inner epoch will train with. plans: one call plan per inner epoch, each a list of (sample indices (b,),
-    columns (b, S)) exactly as train_epoch runs them. Returns one (N, T) float32 CPU tensor per inner epoch: the
+    plan that inner epoch will train with. plan: the epoch's update.CallPlan, whose calls[inner] (lists of (sample
+    indices (b,), columns (b, S))) train_epoch runs exactly as given. Returns one (N, T) float32 CPU tensor per inner epoch: the
     policy's log-prob of each planned transition, NaN where the plan has none; on samples.log_probs' device (the
     sampler leaves them on the accelerator), so old_table[rows, c] indexes like samples.log_probs does.
 
@@ -159,9 +159,9 @@ def rescore_old_logprobs(ctx, settings, samples, plans: List[list]) -> List[torc
     N, T = samples.log_probs.shape
     where = samples.log_probs.device
     out = []
-    for plan in plans:
+    for calls in plan.calls:
         old = torch.full((N, T), float("nan"), device=where)
-        for idx, cols in plan:
+        for idx, cols in calls:
             rows, c, inputs = call_inputs(ctx, settings, samples, idx, cols)
             with ctx.accelerator.autocast():
                 res = score(ctx, settings, inputs)

@@ -19,8 +19,8 @@ from .advantages import EpochAdvantages
 from .metrics import EpochMetrics
 from .rescoring import (call_inputs, gather_sampler_gap, old_logprobs_counts, rescore_old_logprobs, sampler_gap,
                         score, settings_mismatch, truncated_is_weight, worst_gap)
-from .update import (cell_training_calls, optimizer_step, probe_sizes, step_weights, steps_per_sample,
-                     trainable_columns, training_calls, untrained_columns, zero_loss)
+from .update import (optimizer_step, plan_epoch, probe_sizes, step_weights, steps_per_sample, untrained_columns,
+                     zero_loss)
 from ..checks.verification import check_onpolicy, check_sampler_gap, gather_worst, run_old_logprobs
 
 
@@ -86,22 +86,16 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     worst = (-1.0, 0, 0)  # (max |r - 1|, sample, column) of the calls before the first optimizer step
     untrained = untrained_columns(samples, config) if config.train.get("kl_steps", "trained") == "all" else None
     # every inner epoch's call plan, fixed before the first update (the re-score scores exactly these)
-    columns = trainable_columns(samples, config)
-    if adv.cell_mask is None:
-        plans = [training_calls(N, T, config, epoch, inner, acc.process_index, per_call, columns)
-                 for inner in range(config.train.num_inner_epochs)]
-    else:
-        owners = torch.from_numpy(ctx.tree.owner_cells(N))
-        plans = [cell_training_calls(owners, config, epoch, inner, acc.process_index, columns)
-                 for inner in range(config.train.num_inner_epochs)]
+    owners = None if adv.cell_mask is None else torch.from_numpy(ctx.tree.owner_cells(N))
+    plan = plan_epoch(samples, config, epoch, acc.process_index, per_call, owners)
     # the call plan's arguments: the training calls' settings against the sampler's (train.cfg=False with guidance)
     mismatch = settings_mismatch(getattr(samples, "settings", None), settings, config)
     history = getattr(ctx.state, "history", [])
     rescored = run_old_logprobs(config, acc, epoch, history, bool(mismatch)) == "rescore"
     checked, gap = False, {}  # checked: the sampler/trainer check has already spoken for this epoch
-    old_tables = [samples.log_probs] * len(plans)
+    old_tables = [samples.log_probs] * len(plan.calls)
     if rescored:  # train.old_logprobs: the ratio's old log-probs through the training calls themselves (rescoring.py)
-        old_tables = rescore_old_logprobs(ctx, settings, samples, [calls for calls, _ in plans])
+        old_tables = rescore_old_logprobs(ctx, settings, samples, plan)
         gap = gather_sampler_gap(acc, *sampler_gap(old_tables[0], samples.log_probs, mask))
         worst_cell = gather_worst(acc, worst_gap(old_tables, samples.log_probs, mask), samples)
         gap["old_logprobs_bit_exact"] = float(worst_cell[0] == 0.0)  # every trained cell equal bit for bit
@@ -109,12 +103,13 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
         if said is not None and config.train.get("old_logprobs", "auto") == "auto":
             # "warn" on a real mismatch: the re-score would hide it (ratio 1 by construction); auto trains on the
             # sampler's log-probs instead, so the ratio shows it, as it does without a re-score
-            old_tables, checked = [samples.log_probs] * len(plans), True
+            old_tables, checked = [samples.log_probs] * len(plan.calls), True
         elif config.train.get("old_logprobs", "auto") == "auto":
             note_auto(ctx, epoch, history, worst_cell[0])
     cap = float(config.train.get("sampler_is_cap", 0.0))
-    step_w = step_weights(samples, config, columns)  # train.step_weight_power (None: every trained step 1)
-    for inner, (calls, per_mb) in enumerate(plans):
+    step_w = step_weights(samples, config, plan.columns)  # train.step_weight_power (None: every trained step 1)
+    per_mb = plan.calls_per_microbatch
+    for inner, calls in enumerate(plan.calls):
         if untrained is not None:  # which untrained step each sample gets: seeded like the call plan
             g = torch.Generator().manual_seed(int(np.random.default_rng((config.seed, epoch, inner, acc.process_index, 5))
                                                   .integers(2**62)))

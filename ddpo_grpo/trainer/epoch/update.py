@@ -9,7 +9,8 @@ dispatched to training_forward.py, an import circle (issue 48).
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -105,6 +106,31 @@ def cell_training_calls(cells: torch.Tensor, config, epoch: int, inner: int, ran
     idx, cols = idx[perm], cols[perm]
     b = config.train.batch_size
     return [(idx[lo:lo + b], cols[lo:lo + b, None]) for lo in range(0, len(idx), b)], 1
+
+
+@dataclass
+class CallPlan:
+    """One epoch's training calls, fixed before its first update. calls[inner]: that inner epoch's list of (sample
+    indices (b,), timestep columns (b, S)) in the order they run; calls_per_microbatch: how many consecutive calls
+    make one micro-batch (every sample of it at its S-column slices); columns: the trainable stored steps (n,). The
+    GRPO loss trains exactly these calls and the re-score (rescoring.rescore_old_logprobs) scores exactly these: both
+    read this one object, built once by plan_epoch."""
+    columns: torch.Tensor
+    calls: List[List[Tuple[torch.Tensor, torch.Tensor]]]
+    calls_per_microbatch: int
+
+
+def plan_epoch(samples: EpochSamples, config, epoch: int, rank: int, per_call: int,
+               owners: Optional[torch.Tensor] = None) -> CallPlan:
+    """The epoch's CallPlan for every inner epoch: training_calls over the trainable columns at per_call timesteps a
+    call, or for branched sampling cell_training_calls over `owners` (N, T) bool (one column per row)."""
+    N, T = samples.log_probs.shape
+    columns = trainable_columns(samples, config)
+    per_inner = [training_calls(N, T, config, epoch, inner, rank, per_call, columns) if owners is None
+                 else cell_training_calls(owners, config, epoch, inner, rank, columns)
+                 for inner in range(config.train.num_inner_epochs)]
+    return CallPlan(columns=columns, calls=[calls for calls, _ in per_inner],
+                    calls_per_microbatch=per_inner[0][1] if per_inner else 1)
 
 
 def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
