@@ -5,6 +5,10 @@ against the requested camera and the opposite one. A DiT sampling through this V
 reconstructions' figure, so a start model is worth pretraining only when it is near the originals' (~0.98).
 
     python benchmarks/recam3d_vae_ceiling.py MODEL_FOLDER ['{"sigmas": [0.0], "iters": 2}']   # ~1 min, one core
+    python benchmarks/recam3d_vae_ceiling.py assets/tiny-recam3d --grid docs/recam3d_vae_recon.png
+
+--grid: the reconstructions of the first ten held-out targets (ReCamMaster's ten presets) drawn as recam3d_start.py
+--grid draws a model's samples, to set them side by side (what the VAE loses against what the DiT loses).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.recam3d_start import FRAMES, HEIGHT, WIDTH, score_clips  # noqa: E402
+from benchmarks.recam3d_start import FRAMES, HEIGHT, WIDTH, save_grid, score_clips  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames  # noqa: E402
 from ddpo_grpo.models import load_pipeline  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
@@ -28,11 +32,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", help="a model folder (its vae/ is read)")
     ap.add_argument("options", nargs="?", default='{"sigmas": [0.0], "iters": 2}', help="JSON: estimator options")
+    ap.add_argument("--grid", default="", help="a PNG of the first ten held-out targets' reconstructions")
     args = ap.parse_args()
     torch.set_num_threads(1)
     opts = json.loads(args.options)
     pipe = load_pipeline(args.model, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint="")
     data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
+    if args.grid:
+        first = [data[i] for i in range(10)]
+        x = torch.stack([torch.as_tensor(np.asarray(it["target_video"])) for it in first]).float()
+        with torch.no_grad():
+            save_grid(list(decode(pipe.vae, encode_frames(pipe.vae, x)).numpy()), first, args.grid)
+        return
     items = [data[i] for i in range(0, 64, 4)]
     x = torch.stack([torch.as_tensor(np.asarray(it["target_video"])) for it in items]).float()
     with torch.no_grad():  # the library's own pair: the trainer's encode of a source clip, the sampler's decode
