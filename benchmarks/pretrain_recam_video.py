@@ -77,8 +77,8 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
                            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=dit_heads, attention_head_dim=16, in_channels=z_dim,
-        out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=dit_ffn, num_layers=dit_layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-        eps=1e-6, rope_max_seq_len=32)
+        out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=dit_ffn, num_layers=dit_layers, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(**wan_scheduler_config(FLOW_SHIFT))
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
@@ -266,6 +266,7 @@ def main() -> None:
 
         folder = resolve_model_path(args.dit_init)
         init = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt")).unet.model
+
         def arch(c):  # the config's architecture keys, tuples as lists (a loaded config has lists)
             return {k: list(v) if isinstance(v, tuple) else v for k, v in c.items() if not k.startswith("_")}
 

@@ -271,3 +271,30 @@ def test_phase_timer_counts_denoiser_rows_per_phase():
             unet(x, t, encoder_hidden_states=emb)
     assert timer.rows == {"sampling": 9, "inner": 2, "training": 3}
     assert set(timer.seconds) == {"sampling", "training", "inner"}
+
+
+def test_plan_epoch_is_each_inner_epochs_training_calls():
+    """update.plan_epoch: the one CallPlan the GRPO loss trains and the re-score scores is training_calls of each
+    inner epoch over trainable_columns (inner epochs shuffled differently), or cell_training_calls for trees."""
+    import types
+
+    from ddpo_grpo.trainer.epoch.update import cell_training_calls, plan_epoch, trainable_columns
+
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(min_step_std=0.3, timestep_fraction=0.5,
+                                                            timesteps_per_call=2, batch_size=3, num_inner_epochs=2),
+                                seed=5)
+    stds = torch.tensor([0.8, 0.6, 0.5, 0.4, 0.35, 0.31, 0.2, 0.1])
+    samples = types.SimpleNamespace(log_probs=torch.zeros(7, 8), step_std=stds)
+    plan = plan_epoch(samples, cfg, epoch=3, rank=1, per_call=2)
+    assert plan.columns.tolist() == trainable_columns(samples, cfg).tolist() == [0, 1, 2, 3, 4, 5]
+    assert len(plan.calls) == 2 and plan.calls_per_microbatch == 2  # 3 of 6 columns trained, 2 a call
+    for inner, calls in enumerate(plan.calls):
+        want, per_mb = training_calls(7, 8, cfg, 3, inner, 1, 2, plan.columns)
+        assert per_mb == plan.calls_per_microbatch and len(calls) == len(want)
+        for (i, c), (wi, wc) in zip(calls, want):
+            assert torch.equal(i, wi) and torch.equal(c, wc)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(*plan.calls))  # each inner epoch its own shuffle
+    owners = torch.rand(7, 8, generator=torch.Generator().manual_seed(0)) < 0.5
+    tree = plan_epoch(samples, cfg, epoch=3, rank=1, per_call=2, owners=owners)
+    want, _ = cell_training_calls(owners, cfg, 3, 1, 1, tree.columns)
+    assert tree.calls_per_microbatch == 1 and all(torch.equal(a[1], b[1]) for a, b in zip(tree.calls[1], want))

@@ -149,9 +149,9 @@ def score(ctx, settings, inputs) -> StepResult:
 def rescore_old_logprobs(ctx, settings, samples, plan) -> List[torch.Tensor]:
     """The old log-probs of every inner epoch's calls, scored before the epoch's first update through the call
     plan that inner epoch will train with. plan: the epoch's update.CallPlan, whose calls[inner] (lists of (sample
-    indices (b,), columns (b, S))) train_epoch runs exactly as given. Returns one (N, T) float32 CPU tensor per inner epoch: the
-    policy's log-prob of each planned transition, NaN where the plan has none; on samples.log_probs' device (the
-    sampler leaves them on the accelerator), so old_table[rows, c] indexes like samples.log_probs does.
+    indices (b,), columns (b, S))) train_epoch runs exactly as given. Returns one (N, T) float32 CPU tensor per inner
+    epoch: the policy's log-prob of each planned transition, NaN where the plan has none; on samples.log_probs'
+    device (the sampler leaves them on the accelerator), so old_table[rows, c] indexes like samples.log_probs does.
 
     The forward is the training call's: the same rows in the same order (call_inputs), the module in train mode as
     train_epoch leaves it, accelerate's autocast, the same attention backend (the model's processors and the run's
