@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.pretrain_recam_video import ROOM3D_SCENE_SEED  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_reward import requested_path  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
@@ -133,8 +134,6 @@ class PretrainRooms(Room3DConditions):
     render the motion" from "does not carry it to unseen rooms"."""
 
     def scene_seed(self, idx: int) -> int:
-        from benchmarks.pretrain_recam_video import ROOM3D_SCENE_SEED
-
         return ROOM3D_SCENE_SEED + int(idx) - self.indices[0]
 
 
@@ -226,7 +225,8 @@ def main() -> None:
         m = np.array([q == p for q in presets])
         per_preset[p] = dict(cam_score=float(true.reshape(k, n_cond)[:, m].mean()), pass1=float(ok[:, m].mean()),
                              passk=float(ok[:, m].any(axis=0).mean()), opposite_share=float(op[:, m].mean()))
-    res = dict(model=args.model, checkpoint=ckpt, rooms=args.rooms, n_samples=int(true.size), n_conditions=n_cond, seeds=args.seeds,
+    res = dict(model=args.model, checkpoint=ckpt, rooms=args.rooms, n_samples=int(true.size), n_conditions=n_cond,
+               seeds=args.seeds,
                threshold=args.threshold, estimator=ESTIMATOR, estimator_kwargs=opts,
                cam_score_mean=float(true.mean()), cam_score_se=float(true.std(ddof=1) / np.sqrt(true.size)),
                opposite_score_mean=float(opp.mean()), pass1=float(ok.mean()), **{f"pass{k}": float(ok.any(axis=0).mean())},

@@ -28,6 +28,14 @@ from ddpo_grpo.models import load_pipeline  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 
 
+def reconstructed(pipe, items) -> tuple:
+    """(targets, their reconstructions) (B, F, 3, H, W) of condition items, through the library's own pair: the
+    trainer's encode of a source clip, the sampler's decode."""
+    x = torch.stack([torch.as_tensor(np.asarray(it["target_video"])) for it in items]).float()
+    with torch.no_grad():
+        return x, decode(pipe.vae, encode_frames(pipe.vae, x))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", help="a model folder (its vae/ is read)")
@@ -40,14 +48,10 @@ def main() -> None:
     data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     if args.grid:
         first = [data[i] for i in range(10)]
-        x = torch.stack([torch.as_tensor(np.asarray(it["target_video"])) for it in first]).float()
-        with torch.no_grad():
-            save_grid(list(decode(pipe.vae, encode_frames(pipe.vae, x)).numpy()), first, args.grid)
+        save_grid(list(reconstructed(pipe, first)[1].numpy()), first, args.grid)
         return
     items = [data[i] for i in range(0, 64, 4)]
-    x = torch.stack([torch.as_tensor(np.asarray(it["target_video"])) for it in items]).float()
-    with torch.no_grad():  # the library's own pair: the trainer's encode of a source clip, the sampler's decode
-        rec = decode(pipe.vae, encode_frames(pipe.vae, x))
+    x, rec = reconstructed(pipe, items)
     r = np.array(score_clips(list(rec.numpy()), items, opts, 1))
     g = np.array(score_clips(list(x.numpy()), items, opts, 1))
     print(json.dumps({"model": args.model, "options": opts, "mean_abs_error": float((rec - x).abs().mean()),

@@ -65,7 +65,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
     settings = sampler_settings(config, ctx.pipe.family)
     if not config.train.cfg:
         settings.guidance_scale = 1.0
-    N, T = samples.log_probs.shape
+    N = samples.log_probs.shape[0]
     params = [p for p in ctx.unet.parameters() if p.requires_grad]
     device = acc.device
     advantages = adv.advantages.to(device)
