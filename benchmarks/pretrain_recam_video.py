@@ -189,6 +189,12 @@ def main() -> None:
     ap.add_argument("--mislabel-fraction", type=float, default=0.5)
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
     ap.add_argument("--snapshots", default=None, help="snapshot folder (default <out>_snapshots)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the VAE and the DiT train: cpu, cuda, cuda:N or auto (cuda when there is one); the random "
+                         "streams are drawn on the CPU, so a device changes only the arithmetic")
+    ap.add_argument("--dit-seconds", type=float, default=0.0,
+                    help="> 0: stage 2 also ends after this many seconds of it, its cosine schedule following whichever "
+                         "of steps and seconds runs out first (a device command's time limit)")
     args = ap.parse_args()
     if args.world == "recam" and args.mislabel != "none":
         from ddpo_grpo.errors import ConfigError
@@ -201,6 +207,10 @@ def main() -> None:
     if args.world == "room3d":
         room3d_paths.check_num_frames(args.frames)
     torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device")  # one line, exit 2, before any work
     t0 = time.time()
     if args.vae_from and args.vae_init:
         from ddpo_grpo.errors import ConfigError
@@ -240,15 +250,16 @@ def main() -> None:
     # ---- stage 1: the VAE (the one of --vae-from as it was trained; --vae-init's trained on)
     if vae_from is not None:
         parts["vae"] = vae_from
+    parts["vae"].to(device)
     if not args.vae_from:
         train_vae(args, parts["vae"], src, tgt, g, t0)
     vae = parts["vae"].eval().requires_grad_(False)
     from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames
 
-    with torch.no_grad():
-        lat_src = torch.cat([encode_frames(vae, src[i:i + 64]) for i in range(0, len(prompts), 64)])
-        lat_tgt = torch.cat([encode_frames(vae, tgt[i:i + 64]) for i in range(0, len(prompts), 64)])
-        rec_err = (decode(vae, lat_tgt[:64]) - tgt[:64]).abs().mean().item()
+    with torch.no_grad():  # the pool stays on the CPU; its latents (2.3 MB a thousand clips) live on the device
+        lat_src = torch.cat([encode_frames(vae, src[i:i + 64].to(device)) for i in range(0, len(prompts), 64)])
+        lat_tgt = torch.cat([encode_frames(vae, tgt[i:i + 64].to(device)) for i in range(0, len(prompts), 64)])
+        rec_err = (decode(vae, lat_tgt[:64]) - tgt[:64].to(device)).abs().mean().item()
     print(f"latents {tuple(lat_src.shape[1:])} mean |decode(encode) - x| {rec_err:.4f} {time.time() - t0:.0f}s",
           flush=True)
     if args.dit_steps == 0:  # the VAE alone (its reconstruction ceiling: benchmarks/recam3d_vae_ceiling.py)
@@ -273,25 +284,34 @@ def main() -> None:
         if arch(init.config) != arch(transformer.config):
             raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from --dit-heads/-layers/-ffn's")
         transformer.load_state_dict(init.state_dict())
+    transformer.to(device)
+    text_encoder.to(device)
+    cams = cams.to(device)
     den = RecamDenoiser(transformer)
     pipe = WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer,
                        scheduler=parts["scheduler"])
     uniq = sorted(set(prompts))
     with torch.no_grad():
         emb = {p: pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
-                                     device="cpu")[0][0] for p in uniq}
+                                     device=device)[0][0] for p in uniq}
     _, _, Fl, h, w = lat_src.shape
     opt = torch.optim.AdamW(transformer.parameters(), lr=args.lr, weight_decay=1e-4)
+    t_dit = time.time()
+
+    def progress(s):  # the schedule's position in [0, 1]: steps, or seconds when --dit-seconds ends it first
+        p = s / args.dit_steps
+        return min(max(p, (time.time() - t_dit) / args.dit_seconds) if args.dit_seconds > 0 else p, 1.0)
+
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200) * 0.5 * (
-        1 + np.cos(np.pi * min(s / args.dit_steps, 1.0))))
+        1 + np.cos(np.pi * progress(s))))
     for step in range(1, args.dit_steps + 1):
         idx = torch.randint(0, len(prompts), (args.batch,), generator=g)
-        x0, s = lat_tgt[idx], lat_src[idx]
+        x0, s = lat_tgt[idx.to(device)], lat_src[idx.to(device)]
         u = torch.rand(args.batch, generator=g)
-        sigma = FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
-        noise = torch.randn(x0.shape, generator=g)
+        sigma = (FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)).to(device)
+        noise = torch.randn(x0.shape, generator=g).to(device)
         xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
-        cond = torch.cat([s, camera_planes(cams[idx], h, w)], dim=1)
+        cond = torch.cat([s, camera_planes(cams[idx.to(device)], h, w)], dim=1)
         e = torch.stack([emb[prompts[i]] for i in idx.tolist()])
         pred = den(torch.cat([xt, cond], dim=1), sigma * 1000, encoder_hidden_states=e).sample
         loss = F.mse_loss(pred, noise - x0)
@@ -302,9 +322,14 @@ def main() -> None:
         sched.step()
         if step % 100 == 0 or step == 1:
             print(f"dit {step}/{args.dit_steps} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
-        if step % args.snapshot_every == 0 or step == args.dit_steps:
+        last = step == args.dit_steps or progress(step) >= 1.0
+        if step % args.snapshot_every == 0 or last:
+            if last:
+                args.dit_steps = step  # (a --dit-seconds end: the final save is the folder, not a snapshot)
             save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step, seconds=round(time.time() - t0),
                                                 vae_mean_abs_error=rec_err), step)
+        if last:
+            break
 
 
 def train_vae(args, vae, src, tgt, g, t0) -> None:
@@ -319,7 +344,7 @@ def train_vae(args, vae, src, tgt, g, t0) -> None:
     hook = vae.decoder.register_forward_hook(lambda module, args, out: raw.append(out))
     for step in range(1, args.vae_steps + 1):
         idx = torch.randint(0, len(src), (args.batch // 4,), generator=g)
-        x = to_vae(torch.cat([src[idx], tgt[idx]]))
+        x = to_vae(torch.cat([src[idx], tgt[idx]])).to(next(vae.parameters()).device)
         raw.clear()
         z = vae.encode(x).latent_dist.mean
         vae.decode(z)
@@ -344,7 +369,9 @@ def train_vae(args, vae, src, tgt, g, t0) -> None:
             os.replace(snap + ".tmp", snap)
     hook.remove()
     with torch.no_grad():
-        means = torch.cat([vae.encode(to_vae(src[i:i + 64])).latent_dist.mean for i in range(0, min(512, len(src)), 64)])
+        dev = next(vae.parameters()).device
+        means = torch.cat([vae.encode(to_vae(src[i:i + 64]).to(dev)).latent_dist.mean
+                           for i in range(0, min(512, len(src)), 64)])
     mu, sd = means.mean(dim=(0, 2, 3, 4)), means.std(dim=(0, 2, 3, 4))
     vae.register_to_config(latents_mean=[float(v) for v in mu], latents_std=[float(v) for v in sd])
 
@@ -355,12 +382,16 @@ def save(args, parts, transformer, meta, step) -> None:
 
     out = args.out if step == args.dit_steps else os.path.join(args.snapshots or args.out + "_snapshots", f"step{step}")
     tmp = out + ".tmp"
+    import copy
+
     plain = WanTransformer3DModel.from_config(transformer.config)
     plain.load_state_dict({k: v for k, v in transformer.state_dict().items()
                            if ".cam_encoder." not in k and ".projector." not in k})
-    WanPipeline(tokenizer=parts["tokenizer"], text_encoder=parts["text_encoder"], vae=parts["vae"], transformer=plain,
+    # saved from the CPU whatever --device trained them (a checkpoint of CUDA tensors loads only where CUDA is)
+    WanPipeline(tokenizer=parts["tokenizer"], text_encoder=copy.deepcopy(parts["text_encoder"]).cpu(),
+                vae=copy.deepcopy(parts["vae"]).cpu(), transformer=plain,
                 scheduler=parts["scheduler"]).save_pretrained(tmp)
-    torch.save(original_state(transformer), os.path.join(tmp, EXPORT_CHECKPOINT))
+    torch.save({k: v.cpu() for k, v in original_state(transformer).items()}, os.path.join(tmp, EXPORT_CHECKPOINT))
     with open(os.path.join(tmp, "pretrain_meta.json"), "w") as f:
         json.dump(dict(meta, args=vars(args), script="benchmarks/pretrain_recam_video.py",
                        command="python " + " ".join(sys.argv)), f, indent=1)

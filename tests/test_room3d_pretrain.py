@@ -1,9 +1,14 @@
-"""paths.opposite_motion: the camera error of tiny-recam3d's pretraining data (issue 59 part 2)."""
+"""paths.opposite_motion: the camera error of tiny-recam3d's pretraining data (issue 59 part 2), and the pretraining
+script's device path (scripts/gpu_recam3d.sh)."""
+import os
+
 import numpy as np
 import pytest
 
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.worlds.room3d.paths import RANDOM_KINDS, opposite_motion, preset_path, random_motion
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("name, other", [("pan right", "pan left"), ("tilt up", "tilt down"),
@@ -77,3 +82,50 @@ def test_pretraining_pool_item_is_labelled_with_the_opposite_camera():
     opp_path, opp_name = opposite_motion(path, name)
     np.testing.assert_allclose(cams_f, clip_cameras(opp_path), atol=1e-6)
     assert prompt_t == f"{scene.describe()}, camera {name}" and prompt_f == f"{scene.describe()}, camera {opp_name}"
+
+
+def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
+    """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
+    tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
+    the folder loads with plain diffusers, its ReCamMaster checkpoint holds CPU tensors of the bundled DiT's shapes
+    whose values moved, and recam3d_start's measurement is written."""
+    import json
+    import subprocess
+
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from ddpo_grpo.models import resolve_model_path
+
+    env = dict(os.environ, OUT=str(tmp_path), DIT_SECONDS="2", DIT_BATCH="4")
+    proc = subprocess.run(["bash", "scripts/gpu_recam3d.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = tmp_path / "tiny-recam3d-gpu"
+    meta = json.loads((folder / "pretrain_meta.json").read_text())
+    assert 1 <= meta["dit_steps"] == meta["args"]["dit_steps"] < 1_000_000  # ended by the seconds
+    bundled = resolve_model_path("tiny-recam3d")
+    new = torch.load(folder / "recammaster.ckpt", weights_only=True)
+    old = torch.load(os.path.join(bundled, "recammaster.ckpt"), weights_only=True)
+    assert new.keys() == old.keys() and all(v.device.type == "cpu" for v in new.values())
+    assert all(new[k].shape == old[k].shape for k in old)
+    assert any(not torch.equal(new[k], old[k]) for k in old)  # it trained
+    plain = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    assert plain.config.num_layers == 4
+    start = json.loads((tmp_path / "start.json").read_text())
+    assert start["n_samples"] == 2 and 0.0 <= start["cam_score_mean"] <= 1.0
+    assert "held-out cam_score" in proc.stdout
+
+
+def test_pretraining_refuses_a_cuda_device_it_does_not_have():
+    """--device cuda where torch has none: one line, exit 2, before the pool or a model is built."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--device", "cuda", "--world", "room3d",
+                           "--out", "/nonexistent/x"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "this torch sees no CUDA device" in proc.stderr
