@@ -262,7 +262,7 @@ def test_recammaster_trajectories_as_published():
 
 
 def test_user_folder_with_recammaster_trajectories(dataset, tmp_path):
-    from ddpo_grpo.worlds.recam.multicam import RecamFolder
+    from ddpo_grpo.worlds.recam.folder import RecamFolder
     from ddpo_grpo.worlds.recam.recammaster_cameras import trajectory_numbers
 
     (tmp_path / "videos").mkdir()

@@ -130,7 +130,8 @@ def build_dataset(config, split: str):
         ds = Room3DConditions(split=split, num_frames=int(p.get("num_frames", 0) or 9),
                               height=int(p.get("height", 0) or res or 32), width=int(p.get("width", 0) or res or 48))
     elif name in ("multicam", "recam_folder"):
-        from ddpo_grpo.worlds.recam.multicam import MultiCamConditions, RecamFolder
+        from ddpo_grpo.worlds.recam.folder import RecamFolder
+        from ddpo_grpo.worlds.recam.multicam import MultiCamConditions
 
         p, d = config.pretrained, config.data
         res = int(p.get("resolution", 0) or 0)
