@@ -13,14 +13,15 @@ the camera numbers and the prompt, exactly through RecamDenoiser, the module the
 Saved: <out>/ as WanPipeline.save_pretrained writes it (the transformer without the camera tensors, so plain diffusers
 loads the folder), <out>/recammaster.ckpt (the DiT with camera layers under the original Wan key names, as ReCamMaster
 saves a checkpoint) and <out>/pretrain_meta.json. Conditions come from a pool of clips drawn from fresh seeds (not the
-train / eval indices of RecamVideoConditions). Seeded; on one CPU core.
+train / eval indices of RecamVideoConditions; benchmarks/pretrain_pools.py). Seeded; on one CPU core, or `--device cuda`
+(scripts/gpu_recam3d.sh).
 
 The 3-D world ("tiny-recam3d", issue 59):
 
     python benchmarks/pretrain_recam_video.py --world room3d --height 32 --width 48 --mislabel opposite \
         --mislabel-fraction 0.5 --out assets/tiny-recam3d
 
-pools clips of the room3d world (worlds/room3d): random rooms whose seeds (ROOM3D_SCENE_SEED + i) are not the scene
+pools clips of the room3d world (worlds/room3d): random rooms whose seeds (pretrain_pools.ROOM3D_SCENE_SEED + i) are not the scene
 seeds of Room3DConditions' splits, random paths of every kind (`paths.random_motion`, kept inside the room and clear of
 the objects as Room3DConditions keeps them), the static source clip, the exact target render, the camera numbers
 (`clip_cameras`) and the prompt as Room3DConditions writes it ("<scene description>, camera <name>"). With
@@ -44,15 +45,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
-from ddpo_grpo.worlds.recam.video import sample_video_condition  # noqa: E402
+from benchmarks.pretrain_pools import load_pool  # noqa: E402
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
-from ddpo_grpo.worlds.room3d.render import intrinsics as room3d_intrinsics, render_clip, render_view  # noqa: E402
-from ddpo_grpo.worlds.room3d.scene import COLOURS, clear_of_objects, inside_room, make_scene, source_pose  # noqa: E402
+from ddpo_grpo.worlds.room3d.scene import COLOURS  # noqa: E402
 
-POOL_SEED = 10_000  # pool conditions use rng (POOL_SEED, i): disjoint from the dataset's (seed, index) streams
-# room3d pool rooms: make_scene(ROOM3D_SCENE_SEED + i). Room3DConditions' rooms are seed * 1000003 + index with index
-# < 576, so they reach this range only for seed >= 900 (the trainer's data seeds are small).
-ROOM3D_SCENE_SEED = 900_000_000
 Z_DIM = 8
 FLOW_SHIFT = 3.0
 
@@ -81,72 +77,6 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(**wan_scheduler_config(FLOW_SHIFT))
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
-
-
-def make_pool(n: int, frames: int, size: int):
-    src, tgt, cams, prompts = [], [], [], []
-    for i in range(n):
-        c = sample_video_condition(np.random.default_rng((POOL_SEED, i)))
-        src.append(c.source_video(frames, size))
-        tgt.append(c.target_video(frames, size))
-        cams.append(c.cameras(frames))
-        prompts.append(c.prompt())
-    return (torch.from_numpy(np.stack(src)), torch.from_numpy(np.stack(tgt)), torch.from_numpy(np.stack(cams)), prompts)
-
-
-def room3d_clip(i: int, frames: int, height: int, width: int, supersample: int, mislabel: str, fraction: float):
-    """One pool item of the 3-D world: (source (F, 3, H, W), target (F, 3, H, W), cameras (F', 12), prompt, flipped)
-    with the camera conditioning of the opposite motion when this item is mislabelled (module docstring)."""
-    rng = np.random.default_rng((POOL_SEED, i, 59))
-    scene = make_scene(ROOM3D_SCENE_SEED + i)
-    src = source_pose(scene)
-    kind = room3d_paths.RANDOM_KINDS[int(rng.integers(len(room3d_paths.RANDOM_KINDS)))]
-    for _ in range(20):  # as Room3DConditions: the path stays inside the room and clear of the objects
-        path, name = room3d_paths.random_motion(rng, kind, frames)
-        pos = (src @ path)[:, :3, 3]
-        if inside_room(pos).all() and clear_of_objects(scene, pos).all():
-            break
-    flipped = mislabel == "opposite" and rng.random() < fraction
-    K = room3d_intrinsics(height, width)
-    still = render_view(scene, src, K, height, width, supersample)
-    target = render_clip(scene, src @ path, K, height, width, supersample)
-    label_path, label = room3d_paths.opposite_motion(path, name) if flipped else (path, name)
-    return (np.repeat(still[None], frames, axis=0), target, room3d_paths.clip_cameras(label_path),
-            f"{scene.describe()}, camera {label}", flipped)
-
-
-def _room3d_job(a):
-    return room3d_clip(*a)
-
-
-def make_room3d_pool(n: int, frames: int, height: int, width: int, supersample: int, mislabel: str, fraction: float,
-                     workers: int):
-    jobs = [(i, frames, height, width, supersample, mislabel, fraction) for i in range(n)]
-    if workers > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(workers) as pool:
-            items = pool.map(_room3d_job, jobs, chunksize=16)
-    else:
-        items = [_room3d_job(a) for a in jobs]
-    src, tgt, cams, prompts, flipped = zip(*items)
-    print(f"room3d pool: {sum(flipped)} of {n} clips conditioned on the opposite camera", flush=True)
-    return (torch.from_numpy(np.stack(src)), torch.from_numpy(np.stack(tgt)), torch.from_numpy(np.stack(cams)),
-            list(prompts))
-
-
-def _bigger_pool(pool_file: str, n: int):
-    """A cached room3d pool file of the same settings and more than n items, or None."""
-    import glob
-
-    head, tail = pool_file.split(f"_{n}_", 1)
-    for f in sorted(glob.glob(f"{head}_*_{tail}")):
-        try:
-            if int(f[len(head) + 1:].split("_", 1)[0]) > n:
-                return f
-        except ValueError:
-            continue
-    return None
 
 
 def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]
@@ -227,23 +157,7 @@ def main() -> None:
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
                         dit_layers=args.dit_layers, dit_ffn=args.dit_ffn)
-    if args.world == "room3d":
-        pool_file = (f"/tmp/room3d_pool_{args.pool}_{args.frames}_{args.height}x{args.width}_ss{args.supersample}_"
-                     f"{args.mislabel}{args.mislabel_fraction}.pt")
-    else:
-        pool_file = f"/tmp/recam_video_pool_{args.pool}_{args.frames}_{args.size}.pt"
-    bigger = _bigger_pool(pool_file, args.pool) if args.world == "room3d" else None
-    if os.path.isfile(pool_file):
-        src, tgt, cams, prompts = torch.load(pool_file)
-    elif bigger:  # item i does not depend on the pool's size: the first args.pool items of a bigger pool are this one
-        src, tgt, cams, prompts = (v[:args.pool] for v in torch.load(bigger))
-    elif args.world == "room3d":
-        src, tgt, cams, prompts = make_room3d_pool(args.pool, args.frames, args.height, args.width, args.supersample,
-                                                   args.mislabel, args.mislabel_fraction, args.threads)
-        torch.save((src, tgt, cams, prompts), pool_file)
-    else:
-        src, tgt, cams, prompts = make_pool(args.pool, args.frames, args.size)
-        torch.save((src, tgt, cams, prompts), pool_file)
+    src, tgt, cams, prompts = load_pool(args)
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 

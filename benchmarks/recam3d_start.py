@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.pretrain_recam_video import ROOM3D_SCENE_SEED  # noqa: E402
+from benchmarks.pretrain_pools import ROOM3D_SCENE_SEED  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_reward import requested_path  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402

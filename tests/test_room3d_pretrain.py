@@ -61,7 +61,7 @@ def test_opposite_of_an_unknown_name_is_one_error():
 def test_pretraining_pool_item_is_labelled_with_the_opposite_camera():
     """benchmarks/pretrain_recam_video.py's room3d pool: a mislabelled item's target clip is the true path's render
     while its camera numbers and prompt word describe the opposite motion; fraction 0 labels it truly."""
-    from benchmarks.pretrain_recam_video import POOL_SEED, ROOM3D_SCENE_SEED, room3d_clip
+    from benchmarks.pretrain_pools import POOL_SEED, ROOM3D_SCENE_SEED, room3d_clip
     from ddpo_grpo.worlds.room3d.paths import clip_cameras
     from ddpo_grpo.worlds.room3d.render import intrinsics, render_clip
     from ddpo_grpo.worlds.room3d.scene import make_scene, source_pose
