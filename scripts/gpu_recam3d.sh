@@ -10,7 +10,7 @@
 #
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
 # folder, 4.6 MB, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
-# DIT_SECONDS, DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default: train on the bundled DiT; e.g. "--dit-heads 8
+# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default: train on the bundled DiT; e.g. "--dit-heads 8
 # --dit-ffn 256" for a fresh wider one), WORKERS (the estimator's processes, 12).
 # Then here: the folder into the GRPO runs (--config.pretrained.model=FOLDER) and, if it is the better start model,
 # into assets/tiny-recam3d (docs/recam.md says how it was measured).
@@ -29,7 +29,9 @@ mkdir -p "$OUT_DIR"
 if [ "$DRY" = 1 ]; then
     DEVICE=cpu SECONDS_=${DIT_SECONDS:-5} POOL=16 THREADS=1 LIMIT=(--limit 2 --seeds 0)
 else
-    DEVICE=cuda SECONDS_=${DIT_SECONDS:-150} POOL=1000 THREADS=$(nproc) LIMIT=()
+    # a pool of 4000 (the bundled DiT's 1000 begin to be learnt by heart after ~12,000 more steps of 16 on the CPU:
+    # docs/recam.md, ninth session), rendered by every core in under a minute
+    DEVICE=cuda SECONDS_=${DIT_SECONDS:-150} POOL=${POOL:-4000} THREADS=$(nproc) LIMIT=()
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 2)" \
         || { echo "error: no CUDA device (scripts/gpu_recam3d.sh --dry-run runs on the CPU)" >&2; exit 2; }
 fi

@@ -1,0 +1,127 @@
+"""How much of the 3-D world's camera a room3d start model's DiT has learnt, in a minute instead of recam3d_start.py's
+five: its flow-matching loss on the clips' moved latent frames (1 and 2; frame 0 is the source camera's), per noise
+level, with the true camera numbers, with the numbers of another clip (shuffled) and with no motion, on pool items it
+was pretrained on and on fresh ones of the same distribution (new rooms, new paths, the same mislabelled share).
+
+    python benchmarks/recam3d_dit_loss.py --model tiny-recam3d --out docs/recam3d_dit_loss.json
+
+Read it so: shuffled - true at the highest noise (where the layout is decided) is what the camera tells the DiT; fresh -
+pretrained is how far it has learnt its pool by heart (a bigger pool is then what helps, not more steps). Pool items
+are those of benchmarks/pretrain_pools.py with the model's own pretraining settings (its pretrain_meta.json); fresh
+items are the pool's items past its size (the same draw, so the same distribution). Noises and levels are seeded, the
+same for every model and set: differences between them are paired.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.pretrain_pools import room3d_clip  # noqa: E402
+from benchmarks.pretrain_recam_video import FLOW_SHIFT  # noqa: E402
+from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
+from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
+from ddpo_grpo.models.recam import camera_planes  # noqa: E402
+
+LEVELS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.85), (0.85, 1.0)]  # sigma buckets (the pretraining's shifted draw)
+
+
+def losses(den, vae, embed, clips, u, noise):
+    """(R * N, 3): sigma, loss over the whole clip's latents, loss over the moved latent frames, for clips = (source
+    (N, F, 3, H, W), target, cameras (N, F', 12), prompts) at levels u (R, N) and noises (R, N, C, F', h, w)."""
+    src, tgt, cams, prompts = clips
+    with torch.no_grad():
+        ls, lt = encode_frames(vae, src), encode_frames(vae, tgt)
+        emb = embed(prompts)
+        cond = torch.cat([ls, camera_planes(cams.float(), lt.shape[3], lt.shape[4])], dim=1)
+        rows = []
+        for r in range(len(u)):
+            sigma = FLOW_SHIFT * u[r] / (1 + (FLOW_SHIFT - 1) * u[r])
+            s5 = sigma.view(-1, 1, 1, 1, 1)
+            xt = (1 - s5) * lt + s5 * noise[r]
+            pred = torch.cat([den(torch.cat([xt[i:i + 32], cond[i:i + 32]], 1), sigma[i:i + 32] * 1000,
+                                  encoder_hidden_states=emb[i:i + 32]).sample for i in range(0, len(lt), 32)])
+            err = (pred - (noise[r] - lt)) ** 2
+            rows.append(torch.stack([sigma, err.mean(dim=(1, 2, 3, 4)), err[:, :, 1:].mean(dim=(1, 2, 3, 4))], 1))
+    return torch.cat(rows).numpy()
+
+
+def summary(rows) -> dict:
+    out = {"loss": float(rows[:, 1].mean()), "moved": float(rows[:, 2].mean())}
+    for lo, hi in LEVELS:
+        m = (rows[:, 0] >= lo) & (rows[:, 0] < hi + (1e-6 if hi == 1.0 else 0.0))
+        out[f"moved_sigma_{lo}-{hi}"] = float(rows[m, 2].mean())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny-recam3d", help="a bundled name or a folder pretrain_recam_video.py saved")
+    ap.add_argument("-n", type=int, default=128, help="clips per set")
+    ap.add_argument("--draws", type=int, default=4, help="noise draws per clip")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from diffusers import WanPipeline
+
+    folder = resolve_model_path(args.model)
+    meta_file = os.path.join(folder, "pretrain_meta.json")
+    if not os.path.isfile(meta_file):
+        raise SystemExit(f"error: {folder} has no pretrain_meta.json (a folder benchmarks/pretrain_recam_video.py saved)")
+    pa = json.load(open(meta_file))["args"]
+    if pa.get("world") != "room3d":
+        raise SystemExit(f"error: {folder} was not pretrained on the room3d world")
+    t0 = time.time()
+    lp = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
+    den, vae = lp.unet.eval(), lp.vae
+    pipe = WanPipeline(tokenizer=lp.tokenizer, text_encoder=lp.text_encoder, vae=vae, transformer=den.model,
+                       scheduler=lp.scheduler)
+
+    def embed(prompts):
+        return torch.stack([pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
+                                               device="cpu")[0][0] for p in prompts])
+
+    def items(first):
+        got = [room3d_clip(first + i, pa["frames"], pa["height"], pa["width"], pa["supersample"], pa["mislabel"],
+                           pa["mislabel_fraction"]) for i in range(args.n)]
+        return (torch.from_numpy(np.stack([g[0] for g in got])), torch.from_numpy(np.stack([g[1] for g in got])),
+                torch.from_numpy(np.stack([g[2] for g in got])), [g[3] for g in got])
+
+    pool, fresh = items(0), items(int(pa["pool"]))
+    n_lat = pool[2].shape[1]
+    still = torch.from_numpy(np.tile(np.eye(4)[:3].reshape(1, 1, 12), (args.n, n_lat, 1)))
+    perm = torch.randperm(args.n, generator=torch.Generator().manual_seed(1))
+    sets = {"pool": pool, "pool_shuffled_cameras": (pool[0], pool[1], pool[2][perm], pool[3]),
+            "pool_no_motion": (pool[0], pool[1], still, pool[3]), "fresh": fresh}
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(args.draws, args.n, generator=g)
+    with torch.no_grad():
+        shape = encode_frames(vae, pool[1][:1]).shape[1:]
+    noise = torch.randn(args.draws, args.n, *shape, generator=g)
+    res = {name: summary(losses(den, vae, embed, clips, u, noise)) for name, clips in sets.items()}
+    top = f"moved_sigma_{LEVELS[-1][0]}-{LEVELS[-1][1]}"
+    res.update(model=args.model, n=args.n, draws=args.draws, pool_size=int(pa["pool"]),
+               dit_steps=json.load(open(meta_file)).get("dit_steps"),
+               camera_gain=res["pool_shuffled_cameras"][top] - res["pool"][top],
+               memorised=res["fresh"]["moved"] - res["pool"]["moved"], seconds=round(time.time() - t0, 1))
+    for name in sets:
+        r = res[name]
+        print(f"{name:22s} loss {r['loss']:.3f}  moved frames {r['moved']:.3f}  by noise level "
+              + " ".join(f"{r[f'moved_sigma_{lo}-{hi}']:.3f}" for lo, hi in LEVELS))
+    print(f"camera gain (shuffled - true, moved frames, sigma >= {LEVELS[-1][0]}): {res['camera_gain']:.3f}; "
+          f"fresh - pool (moved frames): {res['memorised']:+.3f}; {res['seconds']} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
