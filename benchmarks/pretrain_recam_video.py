@@ -21,10 +21,10 @@ The 3-D world ("tiny-recam3d", issue 59):
     python benchmarks/pretrain_recam_video.py --world room3d --height 32 --width 48 --mislabel opposite \
         --mislabel-fraction 0.5 --out assets/tiny-recam3d
 
-pools clips of the room3d world (worlds/room3d): random rooms whose seeds (pretrain_pools.ROOM3D_SCENE_SEED + i) are not the scene
-seeds of Room3DConditions' splits, random paths of every kind (`paths.random_motion`, kept inside the room and clear of
-the objects as Room3DConditions keeps them), the static source clip, the exact target render, the camera numbers
-(`clip_cameras`) and the prompt as Room3DConditions writes it ("<scene description>, camera <name>"). With
+pools clips of the room3d world (worlds/room3d): random rooms whose seeds (pretrain_pools.ROOM3D_SCENE_SEED + i) are
+not the scene seeds of Room3DConditions' splits, random paths of every kind (`paths.random_motion`, kept inside the room
+and clear of the objects as Room3DConditions keeps them), the static source clip, the exact target render, the camera
+numbers (`clip_cameras`) and the prompt as Room3DConditions writes it ("<scene description>, camera <name>"). With
 `--mislabel opposite`, a seeded `--mislabel-fraction` of the pool is conditioned on the OPPOSITE motion of its target
 clip (`paths.opposite_motion`: the camera numbers AND the prompt's camera word), so the model, asked for a camera,
 produces it or its opposite: a known, shared camera error (the video analogue of tiny-t2i-noisy's colour word).
@@ -120,11 +120,11 @@ def main() -> None:
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
     ap.add_argument("--snapshots", default=None, help="snapshot folder (default <out>_snapshots)")
     ap.add_argument("--device", default="cpu",
-                    help="where the VAE and the DiT train: cpu, cuda, cuda:N or auto (cuda when there is one); the random "
-                         "streams are drawn on the CPU, so a device changes only the arithmetic")
+                    help="where the VAE and the DiT train: cpu, cuda, cuda:N or auto (cuda when there is one); the "
+                         "random streams are drawn on the CPU, so a device changes only the arithmetic")
     ap.add_argument("--dit-seconds", type=float, default=0.0,
-                    help="> 0: stage 2 also ends after this many seconds of it, its cosine schedule following whichever "
-                         "of steps and seconds runs out first (a device command's time limit)")
+                    help="> 0: stage 2 also ends after this many seconds of it, its cosine schedule following "
+                         "whichever of steps and seconds runs out first (a device command's time limit)")
     args = ap.parse_args()
     if args.world == "recam" and args.mislabel != "none":
         from ddpo_grpo.errors import ConfigError
@@ -240,8 +240,8 @@ def main() -> None:
         if step % args.snapshot_every == 0 or last:
             if last:
                 args.dit_steps = step  # (a --dit-seconds end: the final save is the folder, not a snapshot)
-            save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step, seconds=round(time.time() - t0),
-                                                vae_mean_abs_error=rec_err), step)
+            save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step,
+                                                seconds=round(time.time() - t0), vae_mean_abs_error=rec_err), step)
         if last:
             break
 

@@ -75,7 +75,7 @@ def main() -> None:
     folder = resolve_model_path(args.model)
     meta_file = os.path.join(folder, "pretrain_meta.json")
     if not os.path.isfile(meta_file):
-        raise SystemExit(f"error: {folder} has no pretrain_meta.json (a folder benchmarks/pretrain_recam_video.py saved)")
+        raise SystemExit(f"error: {folder} has no pretrain_meta.json (not a folder pretrain_recam_video.py saved)")
     pa = json.load(open(meta_file))["args"]
     if pa.get("world") != "room3d":
         raise SystemExit(f"error: {folder} was not pretrained on the room3d world")

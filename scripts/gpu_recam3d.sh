@@ -2,18 +2,18 @@
 # The 3-D camera world's start model on a lent GPU (issue 59): its DiT trained on, then measured held-out.
 # One device command after scripts/gpu_check.sh: the bundled tiny-recam3d's DiT trained on far longer than a CPU session
 # allows (docs/recam.md: on this CPU, +3000 / +6000 steps raised held-out cam_score 0.142 -> 0.151 -> 0.160, rotations
-# only), then the same held-out measurement as the bundled model's (benchmarks/recam3d_start.py: 64 held-out conditions x 4 seeds, 256
-# deterministic samples), on the device machine's CPUs.
+# only), then the same held-out measurement as the bundled model's (benchmarks/recam3d_start.py: 64 held-out
+# conditions x 4 seeds, 256 deterministic samples), on the device machine's CPUs.
 #
 #   scripts/gpu_recam3d.sh --dry-run     # here: the same two commands on the CPU, a few seconds of training
 #   scripts/gpu_recam3d.sh               # on the device: DIT_SECONDS (150) of training, then the measurement
 #
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
 # folder, 4.6 MB, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
-# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default: train on the bundled DiT; e.g. "--dit-heads 8
-# --dit-ffn 256" for a fresh wider one), WORKERS (the estimator's processes, 12).
-# Then here: the folder into the GRPO runs (--config.pretrained.model=FOLDER) and, if it is the better start model,
-# into assets/tiny-recam3d (docs/recam.md says how it was measured).
+# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default: train on the bundled DiT; e.g.
+# "--dit-layers 8" for a fresh deeper one), WORKERS (the estimator's processes, 12). Then here:
+# benchmarks/recam3d_dit_loss.py on the folder (a minute), the folder into the GRPO runs
+# (--config.pretrained.model=FOLDER) and, if it is the better start model, into assets/tiny-recam3d.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 DRY=0

@@ -126,6 +126,7 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--device", "cuda", "--world", "room3d",
-                           "--out", "/nonexistent/x"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--device", "cuda",
+                           "--world", "room3d", "--out", "/nonexistent/x"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "this torch sees no CUDA device" in proc.stderr
