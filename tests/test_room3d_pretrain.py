@@ -1,6 +1,7 @@
 """paths.opposite_motion: the camera error of tiny-recam3d's pretraining data (issue 59 part 2), and the pretraining
 script's device path (scripts/gpu_recam3d.sh)."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -97,7 +98,7 @@ def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
 
     from ddpo_grpo.models import resolve_model_path
 
-    env = dict(os.environ, OUT=str(tmp_path), DIT_SECONDS="2", DIT_BATCH="4")
+    env = dict(os.environ, OUT=str(tmp_path), DIT_SECONDS="2", DIT_BATCH="4", PYTHON=sys.executable)
     proc = subprocess.run(["bash", "scripts/gpu_recam3d.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -120,7 +121,6 @@ def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
 def test_pretraining_refuses_a_cuda_device_it_does_not_have():
     """--device cuda where torch has none: one line, exit 2, before the pool or a model is built."""
     import subprocess
-    import sys
 
     import torch
 
