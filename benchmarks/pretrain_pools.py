@@ -20,7 +20,9 @@ POOL_SEED = 10_000  # pool conditions use rng (POOL_SEED, i): disjoint from the 
 # < 576, so they reach this range only for seed >= 900 (the trainer's data seeds are small).
 ROOM3D_SCENE_SEED = 900_000_000
 
+
 def make_pool(n: int, frames: int, size: int):
+    """n items of the 2-D video world at size x size: (source (n, F, 3, H, W), target, cameras (n, F', 12), prompts)."""
     src, tgt, cams, prompts = [], [], [], []
     for i in range(n):
         c = sample_video_condition(np.random.default_rng((POOL_SEED, i)))
@@ -33,7 +35,8 @@ def make_pool(n: int, frames: int, size: int):
 
 def room3d_clip(i: int, frames: int, height: int, width: int, supersample: int, mislabel: str, fraction: float):
     """One pool item of the 3-D world: (source (F, 3, H, W), target (F, 3, H, W), cameras (F', 12), prompt, flipped)
-    with the camera conditioning of the opposite motion when this item is mislabelled (module docstring)."""
+    with the camera conditioning of the opposite motion when this item is mislabelled (pretrain_recam_video.py's
+    docstring)."""
     rng = np.random.default_rng((POOL_SEED, i, 59))
     scene = make_scene(ROOM3D_SCENE_SEED + i)
     src = source_pose(scene)
