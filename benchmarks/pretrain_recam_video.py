@@ -79,6 +79,22 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
+def shifted_sigma(u: torch.Tensor) -> torch.Tensor:
+    """Uniform draws u (B,) -> the noise levels stage 2 trains at: shifted towards noise by the scheduler's flow_shift."""
+    return FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
+
+
+def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
+    """Stage 2's flow-matching residual pred - (noise - x0) (B, C, F', h, w), through RecamDenoiser as the trainer
+    samples: target latents x0 (B, C, F', h, w) noised to sigma (B,) with noise, beside the source latents src_lat and
+    the camera numbers cams (B, F', 12) as planes, text embeddings emb (B, L, D). The one definition of the pretraining
+    loss's inputs (benchmarks/recam3d_dit_loss.py reads a model with it)."""
+    s5 = sigma.view(-1, 1, 1, 1, 1)
+    xt = (1 - s5) * x0 + s5 * noise
+    cond = torch.cat([src_lat, camera_planes(cams, x0.shape[3], x0.shape[4])], dim=1)
+    return den(torch.cat([xt, cond], dim=1), sigma * 1000, encoder_hidden_states=emb).sample - (noise - x0)
+
+
 def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]
     return frames.permute(0, 2, 1, 3, 4) * 2 - 1
 
@@ -208,7 +224,6 @@ def main() -> None:
     with torch.no_grad():
         emb = {p: pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
                                      device=device)[0][0] for p in uniq}
-    _, _, Fl, h, w = lat_src.shape
     opt = torch.optim.AdamW(transformer.parameters(), lr=args.lr, weight_decay=1e-4)
     t_dit = time.time()
 
@@ -220,15 +235,12 @@ def main() -> None:
         1 + np.cos(np.pi * progress(s))))
     for step in range(1, args.dit_steps + 1):
         idx = torch.randint(0, len(prompts), (args.batch,), generator=g)
-        x0, s = lat_tgt[idx.to(device)], lat_src[idx.to(device)]
-        u = torch.rand(args.batch, generator=g)
-        sigma = (FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)).to(device)
+        on = idx.to(device)
+        x0 = lat_tgt[on]
+        sigma = shifted_sigma(torch.rand(args.batch, generator=g)).to(device)
         noise = torch.randn(x0.shape, generator=g).to(device)
-        xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
-        cond = torch.cat([s, camera_planes(cams[idx.to(device)], h, w)], dim=1)
         e = torch.stack([emb[prompts[i]] for i in idx.tolist()])
-        pred = den(torch.cat([xt, cond], dim=1), sigma * 1000, encoder_hidden_states=e).sample
-        loss = F.mse_loss(pred, noise - x0)
+        loss = velocity_error(den, x0, lat_src[on], cams[on], e, sigma, noise).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)

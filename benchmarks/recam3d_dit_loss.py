@@ -25,10 +25,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pretrain_pools import room3d_clip  # noqa: E402
-from benchmarks.pretrain_recam_video import FLOW_SHIFT  # noqa: E402
+from benchmarks.pretrain_recam_video import shifted_sigma, velocity_error  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
 from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
-from ddpo_grpo.models.recam import camera_planes  # noqa: E402
 
 LEVELS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.85), (0.85, 1.0)]  # sigma buckets (the pretraining's shifted draw)
 
@@ -40,15 +39,12 @@ def losses(den, vae, embed, clips, u, noise):
     with torch.no_grad():
         ls, lt = encode_frames(vae, src), encode_frames(vae, tgt)
         emb = embed(prompts)
-        cond = torch.cat([ls, camera_planes(cams.float(), lt.shape[3], lt.shape[4])], dim=1)
+        cams = cams.float()
         rows = []
         for r in range(len(u)):
-            sigma = FLOW_SHIFT * u[r] / (1 + (FLOW_SHIFT - 1) * u[r])
-            s5 = sigma.view(-1, 1, 1, 1, 1)
-            xt = (1 - s5) * lt + s5 * noise[r]
-            pred = torch.cat([den(torch.cat([xt[i:i + 32], cond[i:i + 32]], 1), sigma[i:i + 32] * 1000,
-                                  encoder_hidden_states=emb[i:i + 32]).sample for i in range(0, len(lt), 32)])
-            err = (pred - (noise[r] - lt)) ** 2
+            sigma = shifted_sigma(u[r])
+            err = torch.cat([velocity_error(den, lt[i:i + 32], ls[i:i + 32], cams[i:i + 32], emb[i:i + 32],
+                                            sigma[i:i + 32], noise[r][i:i + 32]) for i in range(0, len(lt), 32)]) ** 2
             rows.append(torch.stack([sigma, err.mean(dim=(1, 2, 3, 4)), err[:, :, 1:].mean(dim=(1, 2, 3, 4))], 1))
     return torch.cat(rows).numpy()
 
@@ -76,7 +72,9 @@ def main() -> None:
     meta_file = os.path.join(folder, "pretrain_meta.json")
     if not os.path.isfile(meta_file):
         raise SystemExit(f"error: {folder} has no pretrain_meta.json (not a folder pretrain_recam_video.py saved)")
-    pa = json.load(open(meta_file))["args"]
+    with open(meta_file) as f:
+        meta = json.load(f)
+    pa = meta["args"]
     if pa.get("world") != "room3d":
         raise SystemExit(f"error: {folder} was not pretrained on the room3d world")
     t0 = time.time()
@@ -109,7 +107,7 @@ def main() -> None:
     res = {name: summary(losses(den, vae, embed, clips, u, noise)) for name, clips in sets.items()}
     top = f"moved_sigma_{LEVELS[-1][0]}-{LEVELS[-1][1]}"
     res.update(model=args.model, n=args.n, draws=args.draws, pool_size=int(pa["pool"]),
-               dit_steps=json.load(open(meta_file)).get("dit_steps"),
+               dit_steps=meta.get("dit_steps"),
                camera_gain=res["pool_shuffled_cameras"][top] - res["pool"][top],
                memorised=res["fresh"]["moved"] - res["pool"]["moved"], seconds=round(time.time() - t0, 1))
     for name in sets:
