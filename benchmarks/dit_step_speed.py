@@ -15,18 +15,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.pretrain_recam_video import build_parts  # noqa: E402
 from ddpo_grpo.models.recam import CAMERA_DIM, RecamDenoiser, add_camera_layers  # noqa: E402
 
-# (patch, heads of 16 channels, blocks); the bundled tiny-recam3d is the first
-SHAPES = [((1, 2, 2), 4, 4), ((1, 1, 1), 4, 4), ((1, 2, 2), 8, 4), ((1, 2, 2), 4, 8)]
+# (spatial patch, heads of 16 channels, blocks); the bundled tiny-recam3d is the first
+SHAPES = [(2, 4, 4), (1, 4, 4), (2, 8, 4), (2, 4, 8)]
 
 
-def step_seconds(patch, heads: int, layers: int, batch: int = 16, repeats: int = 4) -> tuple:
-    from diffusers import WanTransformer3DModel
-
-    tr = WanTransformer3DModel(patch_size=patch, num_attention_heads=heads, attention_head_dim=16, in_channels=8,
-                               out_channels=8, text_dim=32, freq_dim=32, ffn_dim=32 * heads, num_layers=layers,
-                               cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+def step_seconds(patch: int, heads: int, layers: int, batch: int = 16, repeats: int = 4) -> tuple:
+    # the DiT pretrain_recam_video.py builds (--dit-patch / --dit-heads / --dit-layers, --dit-ffn 32 x heads)
+    tr = build_parts(0, dit_heads=heads, dit_layers=layers, dit_ffn=32 * heads, dit_patch=patch)["transformer"]
     den = RecamDenoiser(add_camera_layers(tr))
     opt = torch.optim.AdamW(tr.parameters(), 1e-4)
     x = torch.randn(batch, 8 + 8 + CAMERA_DIM, 3, 8, 12)  # noisy target, source latents, camera planes
@@ -48,7 +46,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for patch, heads, layers in SHAPES:
         n, s = step_seconds(patch, heads, layers)
-        print(f"patch {patch} channels {16 * heads} blocks {layers}: {n} parameters, {s:.3f} s a step", flush=True)
+        print(f"patch 1 x {patch} x {patch} channels {16 * heads} blocks {layers}: {n} parameters, {s:.3f} s a step",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ FLOW_SHIFT = 3.0
 
 
 def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int = 16, dit_heads: int = 4,
-                dit_layers: int = 4, dit_ffn: int = 128):
+                dit_layers: int = 4, dit_ffn: int = 128, dit_patch: int = 2):
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -72,7 +72,7 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
                            temperal_downsample=[True, True], scale_factor_spatial=4, scale_factor_temporal=4,
                            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=dit_heads, attention_head_dim=16, in_channels=z_dim,
+        patch_size=(1, dit_patch, dit_patch), num_attention_heads=dit_heads, attention_head_dim=16, in_channels=z_dim,
         out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=dit_ffn, num_layers=dit_layers, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(**wan_scheduler_config(FLOW_SHIFT))
@@ -122,6 +122,9 @@ def main() -> None:
     ap.add_argument("--dit-heads", type=int, default=4, help="the DiT's attention heads (of 16 channels each)")
     ap.add_argument("--dit-layers", type=int, default=4, help="the DiT's blocks")
     ap.add_argument("--dit-ffn", type=int, default=128, help="the DiT's feed-forward width")
+    ap.add_argument("--dit-patch", type=int, default=2, choices=(1, 2),
+                    help="the DiT's spatial patch (latent pixels a side per token): 2 gives the 3-D world's 8 x 12 "
+                         "latents 4 x 6 tokens a frame, 1 gives 8 x 12 (4x the tokens)")
     ap.add_argument("--dit-init", default=None, help="a saved model (folder or bundled name) whose DiT stage 2 trains on")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -172,7 +175,7 @@ def main() -> None:
         args.z_dim, args.vae_base_dim = vae_from.config.z_dim, vae_from.config.base_dim
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
-                        dit_layers=args.dit_layers, dit_ffn=args.dit_ffn)
+                        dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch)
     src, tgt, cams, prompts = load_pool(args)
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
@@ -212,7 +215,7 @@ def main() -> None:
             return {k: list(v) if isinstance(v, tuple) else v for k, v in c.items() if not k.startswith("_")}
 
         if arch(init.config) != arch(transformer.config):
-            raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from --dit-heads/-layers/-ffn's")
+            raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from --dit-heads/-layers/-ffn/-patch's")
         transformer.load_state_dict(init.state_dict())
     transformer.to(device)
     text_encoder.to(device)
