@@ -215,7 +215,8 @@ def main() -> None:
             return {k: list(v) if isinstance(v, tuple) else v for k, v in c.items() if not k.startswith("_")}
 
         if arch(init.config) != arch(transformer.config):
-            raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from --dit-heads/-layers/-ffn/-patch's")
+            raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from "
+                             "--dit-heads/-layers/-ffn/-patch's")
         transformer.load_state_dict(init.state_dict())
     transformer.to(device)
     text_encoder.to(device)

@@ -130,3 +130,28 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
                            "--world", "room3d", "--out", "/nonexistent/x"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "this torch sees no CUDA device" in proc.stderr
+
+
+@pytest.mark.parametrize("patch", [1, 2])
+def test_pretraining_dit_patch_sets_the_tokens_and_trains_through_the_trainers_denoiser(patch):
+    """pretrain_recam_video.py --dit-patch: the DiT build_parts makes has that spatial patch (8 x 12 latents: 8 x 12
+    tokens a frame at 1, 4 x 6 at 2), and stage 2's loss (velocity_error through RecamDenoiser, the module the trainer
+    samples with) runs on the 3-D world's latent shape with a finite gradient into the camera layers."""
+    import torch
+
+    from benchmarks.pretrain_recam_video import build_parts, velocity_error
+    from ddpo_grpo.models.recam import RecamDenoiser, add_camera_layers
+
+    torch.manual_seed(0)
+    tr = add_camera_layers(build_parts(0, dit_patch=patch)["transformer"])
+    assert tuple(tr.config.patch_size) == (1, patch, patch)
+    tokens = []
+    tr.patch_embedding.register_forward_hook(lambda m, i, o: tokens.append(o.shape[-2:]))
+    x0, src = torch.randn(2, 8, 3, 8, 12), torch.randn(2, 8, 3, 8, 12)
+    err = velocity_error(RecamDenoiser(tr), x0, src, torch.randn(2, 3, 12), torch.randn(2, 16, 32),
+                         torch.tensor([0.3, 0.9]), torch.randn_like(x0))
+    assert err.shape == x0.shape and torch.isfinite(err).all()
+    assert tuple(tokens[0]) == (8 // patch, 12 // patch)
+    err.pow(2).mean().backward()
+    cam = [p.grad for n, p in tr.named_parameters() if "cam_encoder" in n and p.grad is not None]
+    assert cam and all(torch.isfinite(g).all() for g in cam)
