@@ -9,7 +9,9 @@ Read it so: shuffled - true at the highest noise (where the layout is decided) i
 pretrained is how far it has learnt its pool by heart (a bigger pool is then what helps, not more steps). Pool items
 are those of benchmarks/pretrain_pools.py with the model's own pretraining settings (its pretrain_meta.json); fresh
 items are the pool's items past its size (the same draw, so the same distribution). Noises and levels are seeded, the
-same for every model and set: differences between them are paired.
+same for every model and set: differences between them are paired. The camera gain is also given per motion kind (pan,
+tilt, zoom, translate, arc). `--labels true` labels every item with its true camera, so that DiTs pretrained on
+different mislabelled shares are read on the same labels.
 """
 from __future__ import annotations
 
@@ -57,12 +59,29 @@ def summary(rows) -> dict:
     return out
 
 
+def motion_kind(prompt: str) -> str:
+    """The kind word of a pool prompt ("..., camera pan left" -> "pan"): the opposite motion keeps the kind."""
+    return prompt.rsplit("camera ", 1)[1].split()[0]
+
+
+def gain_by_kind(true_rows, shuffled_rows, prompts, sigma_min: float) -> dict:
+    """Shuffled - true moved-frame loss at sigma >= sigma_min per motion kind, from losses()' rows (R * N, 3), row
+    r * N + i being item i: {kind: {"gain", "n" (item-draws at that level)}}."""
+    kinds = np.array([motion_kind(p) for p in prompts] * (len(true_rows) // len(prompts)))
+    hi = true_rows[:, 0] >= sigma_min
+    return {k: {"gain": float(shuffled_rows[hi & (kinds == k), 2].mean() - true_rows[hi & (kinds == k), 2].mean()),
+                "n": int((hi & (kinds == k)).sum())} for k in sorted(set(kinds))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-recam3d", help="a bundled name or a folder pretrain_recam_video.py saved")
     ap.add_argument("-n", type=int, default=128, help="clips per set")
     ap.add_argument("--draws", type=int, default=4, help="noise draws per clip")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--labels", choices=["own", "true"], default="own",
+                    help="own: the items labelled as the model's pretraining labelled them (its mislabelled share); "
+                         "true: every item with its true camera, so that models pretrained on different shares compare")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -87,8 +106,10 @@ def main() -> None:
         return torch.stack([pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
                                                device="cpu")[0][0] for p in prompts])
 
+    mislabel = pa["mislabel"] if args.labels == "own" else "none"  # the paths do not depend on it, only the labels
+
     def items(first):
-        got = [room3d_clip(first + i, pa["frames"], pa["height"], pa["width"], pa["supersample"], pa["mislabel"],
+        got = [room3d_clip(first + i, pa["frames"], pa["height"], pa["width"], pa["supersample"], mislabel,
                            pa["mislabel_fraction"]) for i in range(args.n)]
         return (torch.from_numpy(np.stack([g[0] for g in got])), torch.from_numpy(np.stack([g[1] for g in got])),
                 torch.from_numpy(np.stack([g[2] for g in got])), [g[3] for g in got])
@@ -104,9 +125,11 @@ def main() -> None:
     with torch.no_grad():
         shape = encode_frames(vae, pool[1][:1]).shape[1:]
     noise = torch.randn(args.draws, args.n, *shape, generator=g)
-    res = {name: summary(losses(den, vae, embed, clips, u, noise)) for name, clips in sets.items()}
+    rows = {name: losses(den, vae, embed, clips, u, noise) for name, clips in sets.items()}
+    res = {name: summary(r) for name, r in rows.items()}
     top = f"moved_sigma_{LEVELS[-1][0]}-{LEVELS[-1][1]}"
-    res.update(model=args.model, n=args.n, draws=args.draws, pool_size=int(pa["pool"]),
+    res["camera_gain_by_kind"] = gain_by_kind(rows["pool"], rows["pool_shuffled_cameras"], pool[3], LEVELS[-1][0])
+    res.update(model=args.model, labels=args.labels, n=args.n, draws=args.draws, pool_size=int(pa["pool"]),
                dit_steps=meta.get("dit_steps"),
                camera_gain=res["pool_shuffled_cameras"][top] - res["pool"][top],
                memorised=res["fresh"]["moved"] - res["pool"]["moved"], seconds=round(time.time() - t0, 1))
@@ -116,6 +139,8 @@ def main() -> None:
               + " ".join(f"{r[f'moved_sigma_{lo}-{hi}']:.3f}" for lo, hi in LEVELS))
     print(f"camera gain (shuffled - true, moved frames, sigma >= {LEVELS[-1][0]}): {res['camera_gain']:.3f}; "
           f"fresh - pool (moved frames): {res['memorised']:+.3f}; {res['seconds']} s")
+    print("camera gain by kind: " + ", ".join(f"{k} {v['gain']:.3f} (n {v['n']})"
+                                              for k, v in res["camera_gain_by_kind"].items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -85,6 +85,24 @@ def test_pretraining_pool_item_is_labelled_with_the_opposite_camera():
     assert prompt_t == f"{scene.describe()}, camera {name}" and prompt_f == f"{scene.describe()}, camera {opp_name}"
 
 
+def test_dit_loss_camera_gain_by_kind_by_hand():
+    """benchmarks/recam3d_dit_loss.py's per-kind camera gain: shuffled - true moved-frame loss over the rows at the top
+    noise level whose item is of that kind (row r * N + i is item i), the opposite's word keeping the kind."""
+    from benchmarks.recam3d_dit_loss import gain_by_kind, motion_kind
+
+    assert motion_kind("a room with a red box, camera pan left") == "pan"
+    assert motion_kind("a room with a camera box, camera zoom out") == "zoom"  # the last "camera " is the label's
+    prompts = ["r, camera pan left", "r, camera zoom in", "r, camera pan right"]
+    # 2 draws x 3 items: (sigma, whole-clip loss, moved-frame loss)
+    true = np.array([[0.9, 0, 0.5], [0.9, 0, 0.7], [0.2, 0, 0.1], [0.95, 0, 0.6], [0.5, 0, 0.3], [0.86, 0, 0.2]])
+    shuf = np.array([[0.9, 0, 0.9], [0.9, 0, 0.8], [0.2, 0, 9.0], [0.95, 0, 1.0], [0.5, 0, 9.0], [0.86, 0, 0.6]])
+    got = gain_by_kind(true, shuf, prompts, 0.85)
+    # pan: rows 0, 3, 5 (items 0, 0, 2) -> (0.4 + 0.4 + 0.4) / 3; zoom: row 1 only (row 4 is below 0.85)
+    assert set(got) == {"pan", "zoom"}
+    assert got["pan"]["n"] == 3 and got["zoom"]["n"] == 1
+    assert got["pan"]["gain"] == pytest.approx(0.4) and got["zoom"]["gain"] == pytest.approx(0.1)
+
+
 def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
     tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
