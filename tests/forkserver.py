@@ -242,6 +242,12 @@ def kill_tree(pid: int) -> None:
             pass
 
 
+def client_gone(pid: int) -> None:
+    kill_tree(pid)
+    os.waitpid(pid, 0)
+    os._exit(0)
+
+
 def supervise(conn: socket.socket, own_env: dict) -> None:
     """One run: fork it, forward the client's signals, report its exit status; kill its session if the client dies.
     Never returns, except in the forked run (which exits through worker())."""
@@ -260,7 +266,21 @@ def supervise(conn: socket.socket, own_env: dict) -> None:
         worker(req, fds)
     for fd in fds:
         os.close(fd)
-    conn.sendall(f"pid {pid}\n".encode())
+    try:
+        relay(conn, pid)
+    finally:  # relay() exits the process; here only on an error: the run must not outlive its supervisor
+        kill_tree(pid)
+
+
+def relay(conn: socket.socket, pid: int) -> None:
+    """Tell the client the run's pid, pass its "sig N" lines on to the run, send the run's exit status. A client gone
+    at any point (its socket at EOF, or erroring: EPIPE when it died before the pid line was sent, ECONNRESET when it
+    died with the line unread) is a killed client: the run goes too, with its session and every process it started
+    (an OSError here used to end the supervisor alone, and the orphaned run held the test's pipes open)."""
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:
+        client_gone(pid)
     pidfd = os.pidfd_open(pid)
     buf = b""
     while True:
@@ -272,11 +292,12 @@ def supervise(conn: socket.socket, own_env: dict) -> None:
             except OSError:
                 pass
             os._exit(0)
-        data = conn.recv(4096)
-        if not data:  # the client is gone (killed): so is the run, with its session and every process it started
-            kill_tree(pid)
-            os.waitpid(pid, 0)
-            os._exit(0)
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            client_gone(pid)
         buf += data
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)

@@ -1,7 +1,11 @@
 """The suite's fork server (tests/forkserver.py, hooked in tests/conftest.py) must change nothing a test can see but the
 start-up time: a script's output, exit status, signals and death as `python SCRIPT` gives them."""
+import json
 import os
+import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -33,7 +37,10 @@ if mode == "term":
     import signal
     signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(7)))
     open(sys.argv[2], "w").write("ready")
-    time.sleep(600)
+    # short sleeps: a signal landing between the interpreter's check for one and the sleep's system call has its
+    # handler run when that sleep ends (as in any Python program), so the step bounds the wait, not 600 s
+    for _ in range(6000):
+        time.sleep(0.1)
 """
 
 
@@ -162,6 +169,113 @@ def test_a_signal_to_the_client_reaches_the_run(served):
     proc.terminate()
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 7 and "got SIGTERM" in out
+
+
+def _pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits, blocked, on process pid (False once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except FileNotFoundError:
+        return False
+    return any(int(fields[k], 16) >> (sig - 1) & 1 for k in ("SigPnd", "ShdPnd"))
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        assert chunk, "connection closed"
+        data += chunk
+    return data
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = conn.recv(1)  # a byte at a time: nothing past the line is taken from the stream
+        assert chunk, "connection closed"
+        line += chunk
+    return line
+
+
+def test_a_signal_before_the_client_has_read_the_runs_pid_reaches_the_run(served):
+    """The run starts (and may set its handlers) before its client has read the pid line; a signal to the client in
+    between must reach the run, not kill the client (it did, by SIGTERM's default action, and the run slept on). Forced
+    here: a relay between the client and the server holds the pid line back until the run's handler is set and the
+    client has been sent SIGTERM, then passes everything on."""
+    script, env, path, folder = served
+    marker, proxy = folder / "early", str(folder / "relay")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(proxy)
+    listener.listen(1)
+    listener.settimeout(120)
+    proc = subprocess.Popen([sys.executable, "-S", CLIENT, script, "term", str(marker)], cwd=folder,
+                            env=dict(env, DDPO_GRPO_FORKSERVER=proxy), stdout=subprocess.PIPE, text=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client, _ = listener.accept()
+        client.settimeout(120)
+        head, fds, _, _ = socket.recv_fds(client, 8, 3)
+        body = _recv_exactly(client, struct.unpack("!Q", head)[0])
+        server.connect(path)
+        server.settimeout(120)
+        socket.send_fds(server, [head], fds)
+        server.sendall(body)
+        for fd in fds:
+            os.close(fd)
+        pid_line = _read_line(server)
+        assert pid_line.startswith(b"pid ")
+        deadline = time.time() + 60
+        while not (marker.exists() and marker.read_text()) and time.time() < deadline:
+            time.sleep(0.02)
+        assert marker.read_text() == "ready"  # the run's SIGTERM handler is set; its client has not heard of it yet
+        proc.terminate()
+        deadline = time.time() + 60
+        while proc.poll() is None and not _pending(proc.pid, signal.SIGTERM) and time.time() < deadline:
+            time.sleep(0.01)
+        try:
+            client.sendall(pid_line)
+        except OSError:  # the client is gone: the assertions below say so
+            pass
+        while True:  # relay both ways ("sig 15" to the server, "rc 7" back) until the client hangs up
+            ready, _, _ = select.select([client, server], [], [], 120)
+            assert ready, "the relay heard nothing for 120 s"
+            src = ready[0]
+            data = src.recv(4096)
+            if not data:
+                break
+            (server if src is client else client).sendall(data)
+    finally:
+        listener.close()
+        server.close()  # (a run whose client is gone is killed by its supervisor: nothing is left running)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 7 and "got SIGTERM" in out
+
+
+def test_a_client_gone_with_the_pid_line_unread_takes_the_run_with_it(served):
+    """A client killed after its request but before reading the pid line (its connection reset, not just closed) is
+    a killed client like any other: the run and its children die (the supervisor used to die of the reset alone and
+    the run, orphaned, held the test's pipes open)."""
+    script, env, path, folder = served
+    marker = folder / "unread"
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    body = json.dumps({"argv": [script, "sleep", str(marker)], "cwd": str(folder), "env": env,
+                       "server": path}).encode()
+    with open(os.devnull, "r+b") as null:
+        socket.send_fds(conn, [struct.pack("!Q", len(body))], [null.fileno()] * 3)
+    conn.sendall(body)
+    deadline = time.time() + 60
+    while not (marker.exists() and marker.read_text()) and time.time() < deadline:
+        time.sleep(0.02)
+    run_pid, child_pid = map(int, marker.read_text().split())
+    assert select.select([conn], [], [], 120)[0]  # the pid line is there, unread
+    conn.close()
+    deadline = time.time() + 30
+    while (_alive(run_pid) or _alive(child_pid)) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not _alive(run_pid) and not _alive(child_pid)
 
 
 def test_a_trainer_run_through_the_server_equals_one_in_a_fresh_interpreter(tmp_path, served):
