@@ -35,11 +35,17 @@ if mode == "sleep":
     time.sleep(600)
 if mode == "term":
     import signal
-    signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(7)))
+    got = []
+    # the handler only records the signal; the loop exits. A SystemExit raised in the handler itself is lost when the
+    # handler happens to run inside a finalizer or a gc callback (Python reports and drops exceptions there), which
+    # under load left the run sleeping after "got SIGTERM" (seen in loaded repetitions of this test)
+    signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), got.append(1)))
     open(sys.argv[2], "w").write("ready")
     # short sleeps: a signal landing between the interpreter's check for one and the sleep's system call has its
     # handler run when that sleep ends (as in any Python program), so the step bounds the wait, not 600 s
     for _ in range(6000):
+        if got:
+            sys.exit(7)
         time.sleep(0.1)
 """
 
