@@ -74,8 +74,25 @@ def K_of(item) -> np.ndarray:
     return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
 
 
+def motion_shown(est: np.ndarray, req: np.ndarray) -> tuple:
+    """(translation ratio, rotation ratio) at the last pose of est / req (F', 4, 4), relative to frame 0: how much of the
+    requested motion a clip shows, |t_est| / |t_req| (the exact estimator is metric) and angle(R_est) / angle(R_req);
+    NaN where the request has no such part (under 0.1 m, under 2 degrees) or the estimate failed."""
+    from ddpo_grpo.worlds.recam.pose_score import rotation_angle
+
+    e, r = np.asarray(est, np.float64)[-1], np.asarray(req, np.float64)[-1]
+    if not np.isfinite(e).all():
+        return float("nan"), float("nan")
+    eye = np.eye(3)[None]
+    t_req, a_req = np.linalg.norm(r[:3, 3]), float(rotation_angle(eye, r[None, :3, :3])[0])
+    t = np.linalg.norm(e[:3, 3]) / t_req if t_req >= 0.1 else float("nan")
+    a = float(rotation_angle(eye, e[None, :3, :3])[0]) / a_req if a_req >= np.radians(2.0) else float("nan")
+    return float(t), a
+
+
 def _score_job(args):
-    """(true score, opposite score, wall seconds, CPU seconds) of one clip (F, 3, H, W): estimated once, scored twice."""
+    """(true score, opposite score, wall seconds, CPU seconds, translation shown, rotation shown (motion_shown)) of one
+    clip (F, 3, H, W): estimated once, scored twice."""
     clip, K, seed, cams, opp, opts = args
     est_fn = make_exact_estimator(**opts)
     t, c = time.time(), time.process_time()
@@ -83,8 +100,13 @@ def _score_job(args):
     frames = np.clip(np.rint(np.asarray(clip)[LATENT] * 255.0), 0, 255).astype(np.float32) / 255.0
     est = est_fn(frames, K, metadata={"scene_seed": seed})
     dt, dc = time.time() - t, time.process_time() - c
-    score = PoseScore()
-    return (score.clip(est, requested_path(cams, 0, FRAMES)), score.clip(est, requested_path(opp, 0, FRAMES)), dt, dc)
+    score, req = PoseScore(), requested_path(cams, 0, FRAMES)
+    return (score.clip(est, req), score.clip(est, requested_path(opp, 0, FRAMES)), dt, dc, *motion_shown(est, req))
+
+
+def nanmedian(x) -> float:
+    x = np.asarray(x, np.float64)
+    return float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else float("nan")
 
 
 def score_clips(clips, items, opts, workers):
@@ -223,8 +245,11 @@ def main() -> None:
     per_preset = {}
     for p in sorted(set(presets)):
         m = np.array([q == p for q in presets])
+        shown = r[:, 4:6].reshape(k, n_cond, 2)[:, m].reshape(-1, 2)
         per_preset[p] = dict(cam_score=float(true.reshape(k, n_cond)[:, m].mean()), pass1=float(ok[:, m].mean()),
-                             passk=float(ok[:, m].any(axis=0).mean()), opposite_share=float(op[:, m].mean()))
+                             passk=float(ok[:, m].any(axis=0).mean()), opposite_share=float(op[:, m].mean()),
+                             # median share of the requested motion the clips show (NaN: the preset has none)
+                             translation_shown=nanmedian(shown[:, 0]), rotation_shown=nanmedian(shown[:, 1]))
     res = dict(model=args.model, checkpoint=ckpt, rooms=args.rooms, n_samples=int(true.size), n_conditions=n_cond,
                seeds=args.seeds,
                threshold=args.threshold, estimator=ESTIMATOR, estimator_kwargs=opts,
@@ -234,6 +259,7 @@ def main() -> None:
                opposite_share=float(op.mean()), neither_share=float((~ok & ~op).mean()),
                seconds_sampling=round(t_sample, 1), seconds_per_clip_estimator=float(r[:, 2].mean()),
                cpu_seconds_per_clip_estimator=float(r[:, 3].mean()),
+               translation_shown=nanmedian(r[:, 4]), rotation_shown=nanmedian(r[:, 5]),
                per_preset=per_preset)
     print(json.dumps(res, indent=1), flush=True)
     if args.out:

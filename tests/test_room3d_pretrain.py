@@ -103,6 +103,33 @@ def test_dit_loss_camera_gain_by_kind_by_hand():
     assert got["pan"]["gain"] == pytest.approx(0.4) and got["zoom"]["gain"] == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("cam_type", [1, 3, 5, 7, 9])
+def test_motion_shown_reads_the_share_of_the_requested_motion(cam_type):
+    """benchmarks/recam3d_start.py's motion_shown on ReCamMaster's presets: the path itself shows all of its motion,
+    the half-amplitude path half (angle and metres scale exactly), a still camera none; a part the preset does not have
+    (a pan's translation, a dolly's rotation) is NaN, as is a failed estimate."""
+    from benchmarks.recam3d_start import motion_shown
+    from ddpo_grpo.worlds.room3d.paths import clip_cameras, static_path
+    from ddpo_grpo.worlds.recam.pose_reward import requested_path
+
+    def poses(path):
+        return requested_path(clip_cameras(path), 0, 9)
+
+    req = poses(preset_path(cam_type, 9))
+    full, half, still = (motion_shown(poses(p), req) for p in
+                         (preset_path(cam_type, 9), preset_path(cam_type, 9, amplitude=0.5), static_path(9)))
+    has_t = np.linalg.norm(req[-1][:3, 3]) >= 0.1
+    has_r = cam_type in (1, 3, 7, 9)  # pans, tilts, the translations' facing turn, arcs; the dolly (5) only moves
+    for got, want in ((full, 1.0), (half, 0.5), (still, 0.0)):
+        assert np.isnan(got[0]) != has_t and np.isnan(got[1]) != has_r
+        for v, on in zip(got, (has_t, has_r)):
+            if on:
+                assert v == pytest.approx(want, abs=1e-6)
+    failed = req.copy()
+    failed[1:] = np.nan
+    assert all(np.isnan(motion_shown(failed, req)))
+
+
 def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
     tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
