@@ -130,6 +130,23 @@ def test_motion_shown_reads_the_share_of_the_requested_motion(cam_type):
     assert all(np.isnan(motion_shown(failed, req)))
 
 
+def test_position_probe_reads_a_known_place_and_not_noise():
+    """benchmarks/recam3d_dit_position.py's probe: tokens whose features hold their (row, column) linearly (mixed into 16
+    dimensions, plus a little noise) give R^2 near 1 on held-out rows; features that are noise give R^2 near 0. The
+    grid lists tokens frame-major, row-major within a frame, as Wan's patch embedding flattens them."""
+    from benchmarks.recam3d_dit_position import probe_r2, token_grid
+
+    pos, frame = token_grid(3, 4, 6)
+    assert pos.shape == (72, 2) and frame.shape == (72,)
+    np.testing.assert_array_equal(pos[:7], [[0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [1, 0]])
+    assert frame[23] == 0 and frame[24] == 1 and (pos[24:48] == pos[:24]).all()
+    rng = np.random.default_rng(0)
+    Y = np.tile(pos, (40, 1))
+    placed = Y @ rng.normal(size=(2, 16)) + 0.05 * rng.normal(size=(len(Y), 16))
+    assert (probe_r2(placed, Y, 30 * 72) > 0.99).all()
+    assert (np.abs(probe_r2(rng.normal(size=(len(Y), 16)), Y, 30 * 72)) < 0.05).all()
+
+
 def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
     tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
