@@ -73,6 +73,31 @@ def gain_by_kind(true_rows, shuffled_rows, prompts, sigma_min: float) -> dict:
                 "n": int((hi & (kinds == k)).sum())} for k in sorted(set(kinds))}
 
 
+def load_room3d_model(model: str):
+    """(folder, pretrain_meta, denoiser, VAE, embed(prompts) -> (B, L, D)) of a folder pretrain_recam_video.py saved on
+    the room3d world; one error line (exit) for a folder without pretrain_meta.json or of the 2-D world."""
+    from diffusers import WanPipeline
+
+    folder = resolve_model_path(model)
+    meta_file = os.path.join(folder, "pretrain_meta.json")
+    if not os.path.isfile(meta_file):
+        raise SystemExit(f"error: {folder} has no pretrain_meta.json (not a folder pretrain_recam_video.py saved)")
+    with open(meta_file) as f:
+        meta = json.load(f)
+    if meta["args"].get("world") != "room3d":
+        raise SystemExit(f"error: {folder} was not pretrained on the room3d world")
+    lp = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
+    den, vae = lp.unet.eval(), lp.vae
+    pipe = WanPipeline(tokenizer=lp.tokenizer, text_encoder=lp.text_encoder, vae=vae, transformer=den.model,
+                       scheduler=lp.scheduler)
+
+    def embed(prompts):
+        return torch.stack([pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
+                                               device="cpu")[0][0] for p in prompts])
+
+    return folder, meta, den, vae, embed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-recam3d", help="a bundled name or a folder pretrain_recam_video.py saved")
@@ -85,26 +110,9 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from diffusers import WanPipeline
-
-    folder = resolve_model_path(args.model)
-    meta_file = os.path.join(folder, "pretrain_meta.json")
-    if not os.path.isfile(meta_file):
-        raise SystemExit(f"error: {folder} has no pretrain_meta.json (not a folder pretrain_recam_video.py saved)")
-    with open(meta_file) as f:
-        meta = json.load(f)
-    pa = meta["args"]
-    if pa.get("world") != "room3d":
-        raise SystemExit(f"error: {folder} was not pretrained on the room3d world")
     t0 = time.time()
-    lp = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
-    den, vae = lp.unet.eval(), lp.vae
-    pipe = WanPipeline(tokenizer=lp.tokenizer, text_encoder=lp.text_encoder, vae=vae, transformer=den.model,
-                       scheduler=lp.scheduler)
-
-    def embed(prompts):
-        return torch.stack([pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
-                                               device="cpu")[0][0] for p in prompts])
+    _, meta, den, vae, embed = load_room3d_model(args.model)
+    pa = meta["args"]
 
     mislabel = pa["mislabel"] if args.labels == "own" else "none"  # the paths do not depend on it, only the labels
 

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pretrain_pools import room3d_clip  # noqa: E402
 from benchmarks.pretrain_recam_video import camera_planes  # noqa: E402
+from benchmarks.recam3d_dit_loss import load_room3d_model  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
-from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
 
 FIRST_CLIP = 50_000  # pool items far past any pretraining pool's size: clips the model has not trained on
 
@@ -57,16 +57,9 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from diffusers import WanPipeline
-
     t0 = time.time()
-    folder = resolve_model_path(args.model)
-    with open(os.path.join(folder, "pretrain_meta.json")) as f:
-        pa = json.load(f)["args"]
-    lp = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
-    den, vae = lp.unet.eval(), lp.vae
-    pipe = WanPipeline(tokenizer=lp.tokenizer, text_encoder=lp.text_encoder, vae=vae, transformer=den.model,
-                       scheduler=lp.scheduler)
+    _, meta, den, vae, embed = load_room3d_model(args.model)
+    pa = meta["args"]
     got = [room3d_clip(FIRST_CLIP + i, pa["frames"], pa["height"], pa["width"], pa["supersample"], "none", 0.0)
            for i in range(args.n)]
     src, tgt = (torch.from_numpy(np.stack([g[j] for g in got])) for j in (0, 1))
@@ -78,8 +71,7 @@ def main() -> None:
         lambda m, i, o: feats.__setitem__("patch embedding", o.detach().flatten(2).transpose(1, 2))))
     with torch.no_grad():
         ls, lt = encode_frames(vae, src), encode_frames(vae, tgt)
-        emb = torch.stack([pipe.encode_prompt([g[3]], do_classifier_free_guidance=False, max_sequence_length=512,
-                                              device="cpu")[0][0] for g in got])
+        emb = embed([g[3] for g in got])
         noise = torch.randn(lt.shape, generator=torch.Generator().manual_seed(0))
         xt = (1 - args.sigma) * lt + args.sigma * noise
         cond = torch.cat([ls, camera_planes(cams, lt.shape[3], lt.shape[4])], dim=1)
