@@ -147,6 +147,33 @@ def test_position_probe_reads_a_known_place_and_not_noise():
     assert (np.abs(probe_r2(rng.normal(size=(len(Y), 16)), Y, 30 * 72)) < 0.05).all()
 
 
+@pytest.mark.parametrize("s0", [0.0, 0.37, 0.6, 1.0])
+def test_from_target_ode_returns_the_target_under_the_true_velocity(s0):
+    """benchmarks/recam3d_from_target.py: with the exact velocity of the straight flow path (noise - x0) every Euler
+    step lands on (1 - s) x0 + s noise, so the ODE from any s0 returns x0, visiting s0 then the grid's points below
+    it; s0 = 0 is x0 untouched. The grid is the sampler's: 1 -> 0, shifted towards noise (flow_shift 3: 0.5 -> 0.75)."""
+    import torch
+
+    from benchmarks.recam3d_from_target import flow_grid, ode_from
+
+    grid = flow_grid(10, 3.0)
+    assert grid[0] == 1.0 and grid[-1] == 0.0 and (np.diff(grid) < 0).all()
+    assert abs(grid[5] - 0.75) < 1e-12
+    np.testing.assert_allclose(flow_grid(4, 1.0), [1.0, 0.75, 0.5, 0.25, 0.0])
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(2, 8, 3, 4, 6, generator=g, dtype=torch.float64), torch.randn(2, 8, 3, 4, 6, generator=g,
+                                                                                           dtype=torch.float64)
+    seen = []
+
+    def velocity(x, sigma):
+        seen.append(sigma)
+        torch.testing.assert_close(x, (1 - sigma) * x0 + sigma * noise)  # on the path at every step
+        return noise - x0
+
+    torch.testing.assert_close(ode_from(velocity, x0, noise, s0, grid), x0)
+    assert seen == ([s0] if s0 > 0 else []) + [float(s) for s in grid if 0 < s < s0]
+
+
 def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
     tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
