@@ -79,9 +79,10 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
-def shifted_sigma(u: torch.Tensor) -> torch.Tensor:
-    """Uniform draws u (B,) -> the noise levels stage 2 trains at: shifted towards noise by the scheduler's flow_shift."""
-    return FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
+def shifted_sigma(u: torch.Tensor, shift: float = FLOW_SHIFT) -> torch.Tensor:
+    """Uniform draws u (B,) -> the noise levels stage 2 trains at: shifted towards noise by `shift` (by default the
+    scheduler's flow_shift; --train-shift puts more of the training at the noise levels that lay a clip out)."""
+    return shift * u / (1 + (shift - 1) * u)
 
 
 def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
@@ -122,6 +123,8 @@ def main() -> None:
     ap.add_argument("--dit-heads", type=int, default=4, help="the DiT's attention heads (of 16 channels each)")
     ap.add_argument("--dit-layers", type=int, default=4, help="the DiT's blocks")
     ap.add_argument("--dit-ffn", type=int, default=128, help="the DiT's feed-forward width")
+    ap.add_argument("--train-shift", type=float, default=FLOW_SHIFT,
+                    help="stage 2's noise levels: uniform shifted by this (default the scheduler's flow_shift, 3)")
     ap.add_argument("--dit-patch", type=int, default=2, choices=(1, 2),
                     help="the DiT's spatial patch (latent pixels a side per token): 2 gives the 3-D world's 8 x 12 "
                          "latents 4 x 6 tokens a frame, 1 gives 8 x 12 (4x the tokens)")
@@ -153,6 +156,10 @@ def main() -> None:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError(f"--mislabel-fraction must be in [0, 1], got {args.mislabel_fraction}")
+    if not args.train_shift > 0:
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError(f"--train-shift must be > 0, got {args.train_shift}")
     if args.world == "room3d":
         room3d_paths.check_num_frames(args.frames)
     torch.set_num_threads(args.threads)
@@ -241,7 +248,7 @@ def main() -> None:
         idx = torch.randint(0, len(prompts), (args.batch,), generator=g)
         on = idx.to(device)
         x0 = lat_tgt[on]
-        sigma = shifted_sigma(torch.rand(args.batch, generator=g)).to(device)
+        sigma = shifted_sigma(torch.rand(args.batch, generator=g), args.train_shift).to(device)
         noise = torch.randn(x0.shape, generator=g).to(device)
         e = torch.stack([emb[prompts[i]] for i in idx.tolist()])
         loss = velocity_error(den, x0, lat_src[on], cams[on], e, sigma, noise).pow(2).mean()

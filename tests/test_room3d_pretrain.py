@@ -174,6 +174,21 @@ def test_from_target_ode_returns_the_target_under_the_true_velocity(s0):
     assert seen == ([s0] if s0 > 0 else []) + [float(s) for s in grid if 0 < s < s0]
 
 
+def test_training_noise_levels_are_shifted_towards_noise_by_hand():
+    """pretrain_recam_video.shifted_sigma: s = shift u / (1 + (shift - 1) u), the scheduler's flow_shift (3) unless
+    --train-shift says otherwise; shift 1 is uniform, a larger shift trains more at the noisiest levels."""
+    import torch
+
+    from benchmarks.pretrain_recam_video import shifted_sigma
+
+    u = torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(shifted_sigma(u), torch.tensor([0.0, 0.5, 0.75, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(shifted_sigma(u, 1.0), u)
+    torch.testing.assert_close(shifted_sigma(u, 8.0), torch.tensor([0.0, 2 / 2.75, 4 / 4.5, 1.0], dtype=torch.float64))
+    draws = shifted_sigma(torch.rand(100_000, generator=torch.Generator().manual_seed(0)), 8.0)
+    assert abs(float((draws > 0.8).double().mean()) - 2 / 3) < 0.01  # P(s > 0.8) = P(u > 1 / 3) at shift 8
+
+
 def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
     tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
