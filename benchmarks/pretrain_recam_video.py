@@ -7,8 +7,8 @@ What it builds, with diffusers' own classes: a Wan VAE (AutoencoderKLWan, 4x spa
 (seeded random, frozen: the prompt's words name the objects and the preset) and a WanTransformer3DModel with
 ReCamMaster's camera layers (models.recam.add_camera_layers: zero / identity at the start, as ReCamMaster starts
 from Wan). Stage 1 trains the VAE to reconstruct clips; stage 2 trains the DiT by flow matching (velocity noise - x0,
-sigma shifted by the scheduler's flow_shift) to produce the target clip's latents from the source clip's latents,
-the camera numbers and the prompt, exactly through RecamDenoiser, the module the trainer samples with.
+sigma shifted by the scheduler's flow_shift, or by --train-shift) to produce the target clip's latents from the source
+clip's latents, the camera numbers and the prompt, exactly through RecamDenoiser, the module the trainer samples with.
 
 Saved: <out>/ as WanPipeline.save_pretrained writes it (the transformer without the camera tensors, so plain diffusers
 loads the folder), <out>/recammaster.ckpt (the DiT with camera layers under the original Wan key names, as ReCamMaster

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.pretrain_recam_video import camera_planes  # noqa: E402
+from benchmarks.pretrain_recam_video import camera_planes, shifted_sigma  # noqa: E402
 from benchmarks.recam3d_dit_loss import load_room3d_model  # noqa: E402
 from benchmarks.recam3d_start import FRAMES, HEIGHT, STEPS, WIDTH, score_clips  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames  # noqa: E402
@@ -33,9 +33,9 @@ from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 
 
 def flow_grid(steps: int, shift: float) -> np.ndarray:
-    """(steps + 1,) noise levels 1 -> 0: linspace(1, 0) shifted towards noise, s' = shift s / (1 + (shift - 1) s)."""
-    s = np.linspace(1.0, 0.0, int(steps) + 1)
-    return shift * s / (1.0 + (shift - 1.0) * s)
+    """(steps + 1,) float64 noise levels 1 -> 0: linspace(1, 0) shifted towards noise by `shift` (pretraining's own
+    shift rule, shifted_sigma: s' = shift s / (1 + (shift - 1) s))."""
+    return shifted_sigma(torch.linspace(1.0, 0.0, int(steps) + 1, dtype=torch.float64), shift).numpy()
 
 
 def ode_from(velocity, x0: torch.Tensor, noise: torch.Tensor, s0: float, grid: np.ndarray) -> torch.Tensor:
