@@ -85,15 +85,21 @@ def shifted_sigma(u: torch.Tensor, shift: float = FLOW_SHIFT) -> torch.Tensor:
     return shift * u / (1 + (shift - 1) * u)
 
 
+def predict_velocity(den, xt, src_lat, cams, emb, sigma) -> torch.Tensor:
+    """RecamDenoiser's velocity (B, C, F', h, w) for noisy target latents xt (B, C, F', h, w) at noise level sigma (B,),
+    beside the source latents src_lat (same shape) and the camera numbers cams (B, F', 12) as planes, text embeddings
+    emb (B, L, D): the one layout of the denoiser's inputs that pretraining and the readings of a model share."""
+    cond = torch.cat([src_lat, camera_planes(cams, xt.shape[3], xt.shape[4])], dim=1)
+    return den(torch.cat([xt, cond], dim=1), sigma * 1000, encoder_hidden_states=emb).sample
+
+
 def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
     """Stage 2's flow-matching residual pred - (noise - x0) (B, C, F', h, w), through RecamDenoiser as the trainer
-    samples: target latents x0 (B, C, F', h, w) noised to sigma (B,) with noise, beside the source latents src_lat and
-    the camera numbers cams (B, F', 12) as planes, text embeddings emb (B, L, D). The one definition of the pretraining
-    loss's inputs (benchmarks/recam3d_dit_loss.py reads a model with it)."""
+    samples: target latents x0 (B, C, F', h, w) noised to sigma (B,) with noise (predict_velocity's other inputs).
+    The one definition of the pretraining loss (benchmarks/recam3d_dit_loss.py reads a model with it)."""
     s5 = sigma.view(-1, 1, 1, 1, 1)
     xt = (1 - s5) * x0 + s5 * noise
-    cond = torch.cat([src_lat, camera_planes(cams, x0.shape[3], x0.shape[4])], dim=1)
-    return den(torch.cat([xt, cond], dim=1), sigma * 1000, encoder_hidden_states=emb).sample - (noise - x0)
+    return predict_velocity(den, xt, src_lat, cams, emb, sigma) - (noise - x0)
 
 
 def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pretrain_pools import room3d_clip  # noqa: E402
-from benchmarks.pretrain_recam_video import camera_planes  # noqa: E402
+from benchmarks.pretrain_recam_video import predict_velocity  # noqa: E402
 from benchmarks.recam3d_dit_loss import load_room3d_model  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
 
@@ -74,8 +74,7 @@ def main() -> None:
         emb = embed([g[3] for g in got])
         noise = torch.randn(lt.shape, generator=torch.Generator().manual_seed(0))
         xt = (1 - args.sigma) * lt + args.sigma * noise
-        cond = torch.cat([ls, camera_planes(cams, lt.shape[3], lt.shape[4])], dim=1)
-        den(torch.cat([xt, cond], dim=1), torch.full((args.n,), args.sigma * 1000), encoder_hidden_states=emb)
+        predict_velocity(den, xt, ls, cams, emb, torch.full((args.n,), args.sigma))  # the hooks keep the tokens
     for h in hooks:
         h.remove()
     n_lat = lt.shape[2]

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.pretrain_recam_video import camera_planes, shifted_sigma  # noqa: E402
+from benchmarks.pretrain_recam_video import predict_velocity, shifted_sigma  # noqa: E402
 from benchmarks.recam3d_dit_loss import load_room3d_model  # noqa: E402
 from benchmarks.recam3d_start import FRAMES, HEIGHT, STEPS, WIDTH, score_clips  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames  # noqa: E402
@@ -71,7 +71,6 @@ def main() -> None:
     z_src = encode_frames(vae, torch.stack([it["source_video"] for it in items]))
     z_tgt = encode_frames(vae, torch.from_numpy(np.stack([it["target_video"] for it in items])))
     cams = torch.stack([it["cameras"] for it in items]).float()
-    cond = torch.cat([z_src, camera_planes(cams, z_tgt.shape[3], z_tgt.shape[4])], dim=1)
     emb = embed([it["prompt"] for it in items])
     opts = json.loads(args.estimator_kwargs)
     res = dict(model=args.model, seeds=args.seeds, flow_shift=shift,
@@ -86,8 +85,7 @@ def main() -> None:
                 sl = slice(lo, lo + args.batch)
 
                 def velocity(x, sigma, sl=sl):
-                    t = torch.full((x.shape[0],), sigma * 1000.0)
-                    return den(torch.cat([x, cond[sl]], dim=1), t, encoder_hidden_states=emb[sl]).sample
+                    return predict_velocity(den, x, z_src[sl], cams[sl], emb[sl], torch.full((x.shape[0],), sigma))
 
                 clips += list(decode(vae, ode_from(velocity, z_tgt[sl], noise[sl], s0, grid)).float().numpy())
             its += items
