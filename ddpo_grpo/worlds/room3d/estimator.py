@@ -15,6 +15,10 @@ alignment against the exact renderer):
      black frames, noise, another room. The output is relative to frame 0 (inv(P_0) @ P_j); a NaN frame 0 makes
      every row NaN (there is no reference).
 It reads the scene in metres, so unlike a monocular estimator its translations have the true scale.
+`covisible=True` compares only the pixels whose surface the source camera saw (each render's depth reprojected into
+the source view, occlusion tested against its depth), in the LM residuals and the final correlation, and says NaN
+where less than `min_covisible` of the frame is such: what the source never showed a model can only invent, and a
+feature-based estimator would not read it either. Off by default (the figures in docs/recam.md are without it).
 
 Interface: `estimate_exact(frames (F, 3, H, W) in [0, 1], K (3, 3), scene) -> (F, 4, 4)` float64, camera-to-world
 relative to frame 0, OpenCV camera axes, NaN rows where it cannot tell. cam_score's 6-DoF hook is
@@ -121,7 +125,18 @@ def _bank() -> list:
 BANK = _bank()
 
 
-def _ncc(a: np.ndarray, b: np.ndarray) -> float:
+def _sq(a: np.ndarray, b: np.ndarray, mask: Optional[np.ndarray] = None) -> float:
+    """Mean squared difference of two (3, h, w) images over the pixels of `mask` (h, w) (all when None)."""
+    d = (a - b) ** 2
+    if mask is None:
+        return float(d.mean())
+    return float(d[:, mask].mean()) if mask.any() else float("inf")
+
+
+def _ncc(a: np.ndarray, b: np.ndarray, mask: Optional[np.ndarray] = None) -> float:
+    """Zero-mean normalised correlation of two (3, h, w) images over the pixels of `mask` (all when None)."""
+    if mask is not None:
+        a, b = a[:, mask], b[:, mask]
     a, b = a - a.mean(), b - b.mean()
     den = np.sqrt((a * a).sum() * (b * b).sum())
     return float((a * b).sum() / den) if den > 1e-9 else 0.0
@@ -136,6 +151,28 @@ class _Aligner:
         ki = np.linalg.inv(K)
         self.x = ki[0, 0] * u + ki[0, 1] * v + ki[0, 2]
         self.y = ki[1, 1] * v + ki[1, 2]
+        self.ref = None  # (world-to-camera (4, 4), depth (h, w)) of the camera whose view bounds `covisible`
+
+    def set_reference(self, pose: np.ndarray) -> None:
+        """Only what the camera at `pose` (the source camera) sees is compared from now on (`covisible`)."""
+        self.ref = (np.linalg.inv(pose), self.render(pose)[1])
+
+    def covisible(self, pose: np.ndarray, depth: np.ndarray) -> Optional[np.ndarray]:
+        """(h, w) bool: the pixels of the view from `pose` (its render's depth) whose surface point the reference
+        camera sees (in its frame, nearer than 5 % + 5 cm behind what it sees there); None without a reference."""
+        if self.ref is None:
+            return None
+        inv_ref, dref = self.ref
+        m = inv_ref @ pose
+        pts = np.stack([self.x * depth, self.y * depth, depth])  # (3, h, w) in the view's camera axes
+        xs = np.einsum("ij,jhw->ihw", m[:3, :3], pts) + m[:3, 3, None, None]
+        z = np.maximum(xs[2], 1e-6)
+        u = (self.K[0, 0] * xs[0] + self.K[0, 1] * xs[1]) / z + self.K[0, 2]
+        v = self.K[1, 1] * xs[1] / z + self.K[1, 2]
+        ui, vi = np.rint(u).astype(np.int64), np.rint(v).astype(np.int64)
+        inside = (xs[2] > 1e-3) & (ui >= 0) & (ui < self.w) & (vi >= 0) & (vi < self.h)
+        seen = dref[np.clip(vi, 0, self.h - 1), np.clip(ui, 0, self.w - 1)]
+        return inside & (xs[2] <= 1.05 * seen + 0.05)
 
     def render(self, pose: np.ndarray, ss: int = 1):
         rgb, depth = render_view_depth(self.scene, pose, self.K, self.h, self.w, ss)
@@ -151,7 +188,8 @@ class _Aligner:
         target = _blur(frame, sigma)
         rgb, depth = self.render(pose, ss)
         rb = _blur(rgb, sigma)
-        cost = ((rb - target) ** 2).mean()
+        vis = self.covisible(pose, depth)
+        cost = _sq(rb, target, vis)
         lam = 1e-3
         m = int(np.ceil(sigma)) + 1  # the border where the blur sees the reflection, not the scene
         fx, fy = self.K[0, 0], self.K[1, 1]
@@ -162,8 +200,10 @@ class _Aligner:
             ju = fx * np.stack([-iz, 0 * iz, x * iz, x * y, -(1 + x * x), y], axis=-1)
             jv = fy * np.stack([0 * iz, -iz, y * iz, 1 + y * y, -x * y, -x], axis=-1)
             a = gx[..., None] * ju[None] + gy[..., None] * jv[None]
-            a = a[:, m:self.h - m, m:self.w - m].reshape(-1, 6)
-            r = (target - rb)[:, m:self.h - m, m:self.w - m].reshape(-1)
+            rows = np.ones((self.h, self.w), bool) if vis is None else vis.copy()
+            rows[:m], rows[self.h - m:], rows[:, :m], rows[:, self.w - m:] = False, False, False, False
+            a = a[:, rows].reshape(-1, 6)
+            r = (target - rb)[:, rows].reshape(-1)
             if len(r) < 12:
                 break
             ata, atr = a.T @ a, a.T @ r
@@ -176,9 +216,11 @@ class _Aligner:
                 cand = pose @ _step(delta)
                 rgb_c, depth_c = self.render(cand, ss)
                 rb_c = _blur(rgb_c, sigma)
-                cost_c = ((rb_c - target) ** 2).mean()
+                cost_c = _sq(rb_c, target, vis)
                 if cost_c < cost:
-                    pose, rb, depth, cost, improved = cand, rb_c, depth_c, cost_c, True
+                    pose, rb, depth, improved = cand, rb_c, depth_c, True
+                    vis = self.covisible(pose, depth)
+                    cost = _sq(rb, target, vis)
                     lam = max(lam / 10, 1e-6)
                     break
                 lam *= 10
@@ -189,12 +231,14 @@ class _Aligner:
 
 def estimate_exact(frames, K, scene: Scene, max_side: int = 96, supersample: int = 2,
                    sigmas: Sequence[float] = (0.05, 0.02, 0.0), iters: int = 6, min_ncc: float = 0.5,
-                   start: Optional[np.ndarray] = None) -> np.ndarray:
+                   start: Optional[np.ndarray] = None, covisible: bool = False,
+                   min_covisible: float = 0.25) -> np.ndarray:
     """(F, 4, 4) float64 camera-to-world poses of frames (F, 3, H, W) in [0, 1] (numpy or torch) of `scene` with
     intrinsics K (3, 3) (OpenCV's pixel convention), relative to frame 0; NaN rows where the best render correlates
     with the frame less than min_ncc. `start`: frame 0's first guess (default the scene's source pose); `sigmas`:
     the blur levels as fractions of the working width (0: 0.5 px); iters: LM iterations per level (twice that at the
-    finest, where the render's sub-pixel steps make convergence slow). Module docstring: how."""
+    finest, where the render's sub-pixel steps make convergence slow); covisible / min_covisible: compare only what
+    the source camera saw (module docstring). Module docstring: how."""
     if hasattr(frames, "detach"):
         frames = frames.detach().cpu().float().numpy()
     frames = np.asarray(frames, dtype=np.float64)
@@ -207,6 +251,8 @@ def estimate_exact(frames, K, scene: Scene, max_side: int = 96, supersample: int
     work, kw = working_frames(np.clip(frames, 0.0, 1.0), K, max_side)
     _, _, h, w = work.shape
     al = _Aligner(scene, kw, h, w, supersample)
+    if covisible:  # compare only what the source camera saw: the rest a model can only invent
+        al.set_reference(source_pose(scene) if start is None else np.asarray(start, dtype=np.float64))
     # the guesses are told apart at the coarsest blur, where half the pixels show the same: scored at half size
     half, khalf = working_frames(work, kw, max(h, w) // 2) if max(h, w) >= 32 else (work, kw)
     al_half = _Aligner(scene, khalf, half.shape[2], half.shape[3], 1)
@@ -240,7 +286,10 @@ def estimate_exact(frames, K, scene: Scene, max_side: int = 96, supersample: int
                              1e-4 if last else 1e-3)
         poses.append(pose)
         mid = px[min(1, len(px) - 1)]
-        out[j] = pose if _ncc(_blur(al.render(pose)[0], mid), _blur(frame, mid)) >= min_ncc else np.nan
+        rgb, depth = al.render(pose)
+        vis = al.covisible(pose, depth)
+        seen = vis is None or vis.mean() >= min_covisible
+        out[j] = pose if seen and _ncc(_blur(rgb, mid), _blur(frame, mid), vis) >= min_ncc else np.nan
         if j == 0 and not np.isfinite(out[0]).all():
             break  # no reference frame: every row is NaN, the rest is not worth aligning
     if not np.isfinite(out[0]).all():
@@ -275,7 +324,7 @@ class ExactEstimator:
 
 def make_exact_estimator(scene: Optional[Scene] = None, **options) -> ExactEstimator:
     """The exact estimator bound to `scene` (or reading metadata["scene_seed"] when None); options go to
-    `estimate_exact` (max_side, supersample, sigmas, iters, min_ncc)."""
+    `estimate_exact` (max_side, supersample, sigmas, iters, min_ncc, covisible, min_covisible)."""
     return ExactEstimator(scene, **options)
 
 
