@@ -192,6 +192,8 @@ class _Aligner:
         cost = _sq(rb, target, vis)
         lam = 1e-3
         m = int(np.ceil(sigma)) + 1  # the border where the blur sees the reflection, not the scene
+        interior = np.zeros((self.h, self.w), bool)
+        interior[m:self.h - m, m:self.w - m] = True
         fx, fy = self.K[0, 0], self.K[1, 1]
         for _ in range(iters):
             g = 0.5 * (rb + target)
@@ -200,8 +202,7 @@ class _Aligner:
             ju = fx * np.stack([-iz, 0 * iz, x * iz, x * y, -(1 + x * x), y], axis=-1)
             jv = fy * np.stack([0 * iz, -iz, y * iz, 1 + y * y, -x * y, -x], axis=-1)
             a = gx[..., None] * ju[None] + gy[..., None] * jv[None]
-            rows = np.ones((self.h, self.w), bool) if vis is None else vis.copy()
-            rows[:m], rows[self.h - m:], rows[:, :m], rows[:, self.w - m:] = False, False, False, False
+            rows = interior if vis is None else interior & vis
             a = a[:, rows].reshape(-1, 6)
             r = (target - rb)[:, rows].reshape(-1)
             if len(r) < 12:
