@@ -98,6 +98,9 @@ def get_config() -> ml_collections.ConfigDict:
     # toyworld task mix, for the training and the held-out conditions alike: "mixed" (single-object and
     # two-object conditions, half the sampling mass each), "single" or "pair" (only those).
     config.data.objects = "mixed"
+    # room3d: the training paths' kinds, comma-separated ("pan,tilt"); "" = all five (pan, tilt, dolly, translate, arc).
+    # The held-out conditions are ReCamMaster's ten presets either way.
+    config.data.kinds = ""
     # > 0: train on a fixed seeded subset of this many conditions (DDPO-style small prompt set, so each one
     # recurs across epochs and its group statistics accumulate); 0 = all conditions.
     config.data.num_conditions = 0

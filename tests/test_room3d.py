@@ -322,6 +322,38 @@ def test_conditions_items_and_held_out_split():
         check_num_frames(0)
 
 
+def test_data_kinds_draws_train_paths_of_those_kinds_only():
+    """config data.kinds -> Room3DConditions(kinds=...): train's random paths of the named kinds only, the default the
+    same draw as naming all five, held-out presets untouched, an unknown kind a ConfigError."""
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.trainer.run.data import build_dataset
+    from ddpo_grpo.worlds.room3d.paths import RANDOM_KINDS
+
+    words = {"pan": ("pan left", "pan right"), "tilt": ("tilt up", "tilt down")}
+    rot = Room3DConditions("train", seed=3, kinds=("pan", "tilt"))
+    names = [rot.condition(i)[2] for i in range(40)]
+    assert set(names) <= set(words["pan"] + words["tilt"])
+    assert any(n.startswith("pan") for n in names) and any(n.startswith("tilt") for n in names)
+    default, named = Room3DConditions("train", seed=3), Room3DConditions("train", seed=3, kinds=RANDOM_KINDS)
+    for i in range(12):
+        a, b = default.condition(i), named.condition(i)
+        assert a[2] == b[2] and a[0] == b[0]
+        np.testing.assert_array_equal(a[1], b[1])
+    assert len({default.condition(i)[2].split()[0] for i in range(40)}) >= 4  # the five kinds mixed
+    ev = Room3DConditions("eval", seed=3, kinds=("pan",))
+    assert [ev.condition(k)[2] for k in range(10)] == [CAM_TYPES[c] for c in range(1, 11)]
+    with pytest.raises(ConfigError, match="data.kinds"):
+        Room3DConditions("train", kinds=("spin",))
+    with pytest.raises(ConfigError, match="data.kinds"):
+        Room3DConditions("train", kinds=())
+    cfg = ConfigDict({"seed": 0, "data": {"name": "room3d", "num_conditions": 0, "kinds": " tilt , pan"},
+                      "pretrained": {"resolution": 0, "num_frames": 9, "height": 32, "width": 48},
+                      "eval": {"split": "eval"}})
+    ds = build_dataset(cfg, "train")
+    assert ds.kinds == ("tilt", "pan") and set(ds.condition(0)[2].split()[:1]) <= {"pan", "tilt"}
+
+
 def test_an_item_carries_what_the_exact_estimator_needs():
     """cam_score's route: the latent frames of target_video, K from intrinsics, metadata's scene_seed."""
     it = Room3DConditions("eval", seed=2)[8]  # arc left

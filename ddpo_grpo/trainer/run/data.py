@@ -127,8 +127,10 @@ def build_dataset(config, split: str):
         from ddpo_grpo.worlds.room3d.data import Room3DConditions
 
         p, res = config.pretrained, int(config.pretrained.get("resolution", 0) or 0)
+        kinds = [k.strip() for k in str(config.data.get("kinds", "") or "").split(",") if k.strip()]
         ds = Room3DConditions(split=split, num_frames=int(p.get("num_frames", 0) or 9),
-                              height=int(p.get("height", 0) or res or 32), width=int(p.get("width", 0) or res or 48))
+                              height=int(p.get("height", 0) or res or 32), width=int(p.get("width", 0) or res or 48),
+                              **({"kinds": kinds} if kinds else {}))
     elif name in ("multicam", "recam_folder"):
         from ddpo_grpo.worlds.recam.folder import RecamFolder
         from ddpo_grpo.worlds.recam.multicam import MultiCamConditions

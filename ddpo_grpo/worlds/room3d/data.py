@@ -14,12 +14,13 @@ Item i of a split is a dict (F pixel frames, F' = (F - 1) / 4 + 1 latent frames,
     "scene_seed":   int, the room (`make_scene(scene_seed)`): what the exact estimator reads from cam_score's metadata.
 Held out: the eval split's rooms are other seeds than train's (scene_seed = seed * 1000003 + index, indices disjoint),
 and its cameras are ReCamMaster's ten presets (eval item k -> cam_type k % 10 + 1) while train's are random paths of the
-same kinds (`paths.random_motion`: pan, tilt, dolly, translate, arc, random amplitudes and speed profiles).
+same kinds (`paths.random_motion`: pan, tilt, dolly, translate, arc, random amplitudes and speed profiles; `kinds`
+draws train's from a subset of them, config data.kinds).
 Rendered clips are cached per index (about 0.4 MB per item at F = 9, 32 x 48; `cache=False` renders every time).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ class Room3DConditions:
     """The fixed conditions of a split, generated from `seed` (module docstring)."""
 
     def __init__(self, split: str = "train", seed: int = 0, num_frames: int = NUM_FRAMES, height: int = HEIGHT,
-                 width: int = WIDTH, fov_x_deg: float = DEFAULT_FOV_X_DEG, supersample: int = 2, cache: bool = True):
+                 width: int = WIDTH, fov_x_deg: float = DEFAULT_FOV_X_DEG, supersample: int = 2, cache: bool = True,
+                 kinds: Sequence[str] = RANDOM_KINDS):
         if split not in SPLITS:
             raise ConfigError(f"unknown room3d split {split!r}; use one of {sorted(SPLITS)}")
         for name, v in (("height", height), ("width", width)):
@@ -47,6 +49,11 @@ class Room3DConditions:
                 raise ConfigError(f"room3d: {name} must be an int >= 8 px, got {v!r}")
         if int(supersample) != supersample or supersample < 1:
             raise ConfigError(f"room3d: supersample must be an int >= 1, got {supersample!r}")
+        kinds = tuple(kinds)
+        bad = [k for k in kinds if k not in RANDOM_KINDS]
+        if not kinds or bad:
+            raise ConfigError(f"room3d: data.kinds must name some of {', '.join(RANDOM_KINDS)}, got {list(kinds)!r}")
+        self.kinds = kinds  # the training split's random kinds (held out: ReCamMaster's presets whatever they are)
         lo, hi = SPLITS[split]
         self.split, self.seed, self.cache = split, int(seed), bool(cache)
         self.num_frames, self.height, self.width = check_num_frames(num_frames), int(height), int(width)
@@ -72,7 +79,7 @@ class Room3DConditions:
                 path, name = preset_path(cam, self.num_frames), preset_name(cam)
             else:
                 rng = np.random.default_rng([self.seed, idx, 59])
-                kind = RANDOM_KINDS[int(rng.integers(len(RANDOM_KINDS)))]
+                kind = self.kinds[int(rng.integers(len(self.kinds)))]
                 scene = make_scene(sseed)
                 src = source_pose(scene)
                 for _ in range(20):  # the ranges keep every path inside the room; the objects are checked here
