@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pretrain_recam_video import predict_velocity, shifted_sigma  # noqa: E402
 from benchmarks.recam3d_dit_loss import load_room3d_model  # noqa: E402
-from benchmarks.recam3d_start import FRAMES, HEIGHT, STEPS, WIDTH, score_clips  # noqa: E402
+from benchmarks.recam3d_start import FRAMES, HEIGHT, STEPS, WIDTH, reference_scores, score_clips  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import decode, encode_frames  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 
@@ -74,7 +74,12 @@ def main() -> None:
     emb = embed([it["prompt"] for it in items])
     opts = json.loads(args.estimator_kwargs)
     res = dict(model=args.model, seeds=args.seeds, flow_shift=shift,
-               grid=[round(float(g), 4) for g in grid], estimator_kwargs=opts, levels={})
+               grid=[round(float(g), 4) for g in grid], estimator_kwargs=opts, levels={},
+               reference=reference_scores(items))
+    ref = res["reference"]
+    print(f"reference: still camera {ref['still']:.3f}  " + "  ".join(
+        f"{k} {v['still']:.2f}" for k, v in ref["per_preset"].items()) + f"; opposite motion {ref['opposite']:.3f}",
+        flush=True)
     for s0 in args.levels:
         t0 = time.time()
         clips, its = [], []

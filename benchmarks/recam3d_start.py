@@ -15,7 +15,8 @@ first batch the requested-camera score is checked against `make_cam_score` itsel
 
 Reported: mean cam_score; pass@1 = the share of samples with cam_score >= --threshold ("follows the requested
 camera"); pass@k = the share of conditions where any of its k seeds does; the share of samples following the opposite
-camera (opposite score >= threshold); per preset the same.
+camera (opposite score >= threshold); per preset the same; and what a still camera and the opposite motion score on
+the same conditions ("reference", `reference_scores`): the floor a model's camera skill is read against.
 
 --bench-estimator N: the estimator on N ground-truth target renders of the eval split (no model), per option set:
 wall and CPU seconds per 3-frame clip (CPU: the machine is shared), mean score against the true numbers and against the opposite numbers.
@@ -67,6 +68,22 @@ def opposite_numbers(item) -> np.ndarray:
     """(F', 12) camera numbers of the opposite of the item's target path."""
     path, _ = opposite_motion(np.asarray(item["target_path"], np.float64), item["preset"])
     return clip_cameras(path)
+
+
+def reference_scores(items) -> dict:
+    """What two cameras a model needs no skill for score on these items, by cam_score's own per-clip rule: a STILL
+    camera (the source view held: every latent frame the identity) and the OPPOSITE motion exactly (`opposite_numbers`).
+    A model's figures read against them: at the still camera's score it shows no camera skill on average, below it it
+    leans to the opposite. Returns {"still": mean, "opposite": mean, "per_preset": {preset: {"still", "opposite"}}}."""
+    ps, rows = PoseScore(), []
+    for it in items:
+        req = requested_path(it["cameras"], 0, FRAMES)
+        still = ps.clip(np.broadcast_to(np.eye(4), req.shape), req)
+        rows.append((it["preset"], still, ps.clip(requested_path(opposite_numbers(it), 0, FRAMES), req)))
+    per = {p: dict(still=float(np.mean([a for q, a, _ in rows if q == p])),
+                   opposite=float(np.mean([b for q, _, b in rows if q == p]))) for p in sorted({r[0] for r in rows})}
+    return dict(still=float(np.mean([r[1] for r in rows])), opposite=float(np.mean([r[2] for r in rows])),
+                per_preset=per)
 
 
 def K_of(item) -> np.ndarray:
@@ -260,7 +277,7 @@ def main() -> None:
                seconds_sampling=round(t_sample, 1), seconds_per_clip_estimator=float(r[:, 2].mean()),
                cpu_seconds_per_clip_estimator=float(r[:, 3].mean()),
                translation_shown=nanmedian(r[:, 4]), rotation_shown=nanmedian(r[:, 5]),
-               per_preset=per_preset)
+               per_preset=per_preset, reference=reference_scores(items[:n_cond]))
     print(json.dumps(res, indent=1), flush=True)
     if args.out:
         with open(args.out, "w") as f:

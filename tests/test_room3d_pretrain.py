@@ -259,3 +259,25 @@ def test_pretraining_dit_patch_sets_the_tokens_and_trains_through_the_trainers_d
     err.pow(2).mean().backward()
     cam = [p.grad for n, p in tr.named_parameters() if "cam_encoder" in n and p.grad is not None]
     assert cam and all(torch.isfinite(g).all() for g in cam)
+
+
+def test_reference_scores_of_a_still_camera_and_the_opposite_motion_by_hand():
+    """benchmarks/recam3d_start.py's reference_scores on the held-out presets: a pan or tilt held still is off by the
+    preset's own turn at each latent frame, the opposite motion by twice it (float64 angles of the path's rotations,
+    cam_score's exp(-deg / 10)); a translating preset held still scores ~0 (its direction term is exp(-90 / 20))."""
+    from benchmarks.recam3d_start import reference_scores
+    from ddpo_grpo.worlds.room3d import Room3DConditions
+
+    items = [Room3DConditions("eval", seed=0)[k] for k in range(10)]
+    ref = reference_scores(items)
+    for it in items:
+        path = it["target_path"].astype(np.float64)[[4, 8]]
+        turn = np.degrees(np.arccos(np.clip((np.trace(path[:, :3, :3], axis1=1, axis2=2) - 1) / 2, -1, 1)))
+        got = ref["per_preset"][it["preset"]]
+        if it["preset"].split()[0] in ("pan", "tilt"):
+            assert got["still"] == pytest.approx(np.exp(-turn / 10).mean(), abs=2e-5)  # float32 numbers
+            assert got["opposite"] == pytest.approx(np.exp(-2 * turn / 10).mean(), abs=2e-5)
+        else:
+            assert got["still"] < 0.01 and got["opposite"] < 0.01
+    assert ref["still"] == pytest.approx(np.mean([v["still"] for v in ref["per_preset"].values()]), abs=1e-12)
+    assert 0.14 < ref["still"] < 0.16 and ref["opposite"] < ref["still"]
