@@ -32,6 +32,8 @@ from helpers import named_config as _config
     (lambda c: setattr(c.train, "forward_noise_min", 1.0), "need 0 <= min < max <= 1"),
     (lambda c: setattr(c.eval, "pass_at_k", -1), "eval.pass_at_k=-1"),
     (lambda c: setattr(c.data, "objects", "triples"), "data.objects='triples'"),
+    (lambda c: setattr(c.data, "kinds", "pan,tilt"), "needs data.name='room3d'"),
+    (lambda c: (setattr(c.data, "name", "room3d"), setattr(c.data, "kinds", "pan,spin")), "data.kinds must name some of pan, tilt"),
     (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
     (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
     (lambda c: setattr(c.sample, "antithetic", True), "needs sample.shared_init_noise=True"),

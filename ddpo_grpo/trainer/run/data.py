@@ -102,6 +102,20 @@ def _subset(dataset, n: int, seed: int):
     return ConditionSubset(dataset, np.sort(positions))
 
 
+def data_kinds(config) -> tuple:
+    """config.data.kinds ("pan,tilt"; "" = all) -> the room3d training paths' kinds, checked: names of
+    `room3d.paths.RANDOM_KINDS`, and only with data.name room3d (another world has no such kinds to pick)."""
+    kinds = tuple(k.strip() for k in str(config.data.get("kinds", "") or "").split(",") if k.strip())
+    if not kinds:
+        return ()
+    if config.data.name != "room3d":
+        raise ConfigError(f"data.kinds={config.data.kinds!r} picks the 3-D camera world's training paths: it needs "
+                          f"data.name='room3d' (got {config.data.name!r})")
+    from ddpo_grpo.worlds.room3d.paths import check_kinds
+
+    return check_kinds(kinds)
+
+
 def build_dataset(config, split: str):
     """The condition dataset named by config.data.name. split "train": the training conditions (a subset of
     data.num_conditions if set); "eval": the conditions evaluated, per config.eval.split."""
@@ -127,7 +141,7 @@ def build_dataset(config, split: str):
         from ddpo_grpo.worlds.room3d.data import Room3DConditions
 
         p, res = config.pretrained, int(config.pretrained.get("resolution", 0) or 0)
-        kinds = [k.strip() for k in str(config.data.get("kinds", "") or "").split(",") if k.strip()]
+        kinds = data_kinds(config)
         ds = Room3DConditions(split=split, num_frames=int(p.get("num_frames", 0) or 9),
                               height=int(p.get("height", 0) or res or 32), width=int(p.get("width", 0) or res or 48),
                               **({"kinds": kinds} if kinds else {}))

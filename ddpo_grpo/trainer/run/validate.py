@@ -13,7 +13,7 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.combine import PER_STEP_MODES
 
 from .build import LR_SCHEDULES
-from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset
+from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset, data_kinds
 from ..epoch.sampling import branch_spec, check_window, model_scheduler
 
 
@@ -157,6 +157,7 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"eval.split={config.eval.split!r}; choose 'eval' (held-out) or 'train'")
     if config.data.objects not in TOYWORLD_OBJECTS:
         raise ConfigError(f"data.objects={config.data.objects!r}; choose one of {TOYWORLD_OBJECTS}")
+    data_kinds(config)  # room3d's training kinds: known names, and room3d only
     if config.data.num_conditions < 0:
         raise ConfigError(f"data.num_conditions={config.data.num_conditions} must be >= 0 (0 = all)")
     if config.reward.per_step not in PER_STEP_MODES:

@@ -28,7 +28,7 @@ import torch
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.worlds.recam.data import SPLITS
 
-from .paths import RANDOM_KINDS, check_num_frames, clip_cameras, preset_name, preset_path, random_motion
+from .paths import RANDOM_KINDS, check_kinds, check_num_frames, clip_cameras, preset_name, preset_path, random_motion
 from .render import DEFAULT_FOV_X_DEG, intrinsics, render_clip, render_view
 from .scene import clear_of_objects, inside_room, make_scene, source_pose
 
@@ -49,11 +49,7 @@ class Room3DConditions:
                 raise ConfigError(f"room3d: {name} must be an int >= 8 px, got {v!r}")
         if int(supersample) != supersample or supersample < 1:
             raise ConfigError(f"room3d: supersample must be an int >= 1, got {supersample!r}")
-        kinds = tuple(kinds)
-        bad = [k for k in kinds if k not in RANDOM_KINDS]
-        if not kinds or bad:
-            raise ConfigError(f"room3d: data.kinds must name some of {', '.join(RANDOM_KINDS)}, got {list(kinds)!r}")
-        self.kinds = kinds  # the training split's random kinds (held out: ReCamMaster's presets whatever they are)
+        self.kinds = check_kinds(kinds)  # the training split's random kinds (held out: ReCamMaster's presets whatever they are)
         lo, hi = SPLITS[split]
         self.split, self.seed, self.cache = split, int(seed), bool(cache)
         self.num_frames, self.height, self.width = check_num_frames(num_frames), int(height), int(width)

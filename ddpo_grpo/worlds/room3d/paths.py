@@ -151,6 +151,17 @@ def _look_at(position: np.ndarray, target: np.ndarray) -> np.ndarray:
     return np.stack([x, np.cross(f, x), f], axis=1)
 
 
+def check_kinds(kinds) -> Tuple[str, ...]:
+    """A non-empty selection of RANDOM_KINDS as a tuple (config data.kinds, Room3DConditions(kinds=...)), else one
+    ConfigError line."""
+    kinds = tuple(kinds)
+    bad = [k for k in kinds if k not in RANDOM_KINDS]
+    if not kinds or bad:
+        raise ConfigError(f"room3d: data.kinds must name some of {', '.join(RANDOM_KINDS)} (comma-separated), got "
+                          f"{list(kinds)!r}")
+    return kinds
+
+
 def random_motion(rng: np.random.Generator, kind: str, num_frames: int) -> Tuple[np.ndarray, str]:
     """(path (F, 4, 4), name) of a random trajectory of `kind` (RANDOM_KINDS; ranges in the module docstring); the
     name is ReCamMaster's word for it ("pan left", "zoom in", "arc right", "translate up", ...)."""
