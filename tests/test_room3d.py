@@ -1,5 +1,6 @@
-"""room3d, the 3-D camera world: exact projection, seeded scenes, ReCamMaster's presets as 3-D paths, the condition
-dataset and the world's exact camera estimator (fast: tiny frames, except the cross-check with OpenCV's estimator)."""
+"""room3d, the 3-D camera world: exact projection, seeded scenes, ReCamMaster's presets as 3-D paths, a dataset item
+as the estimator reads it (the dataset itself: test_room3d_data.py) and the world's exact camera estimator (fast: tiny
+frames, except the cross-check with OpenCV's estimator)."""
 import numpy as np
 import pytest
 import torch
@@ -88,7 +89,7 @@ def test_scenes_have_3_to_6_named_objects():
 
 
 # ---------------------------------------------------------------- paths
-from ddpo_grpo.worlds.recam.recammaster_cameras import CAM_TYPES, trajectory_numbers  # noqa: E402
+from ddpo_grpo.worlds.recam.recammaster_cameras import trajectory_numbers  # noqa: E402
 from ddpo_grpo.worlds.room3d.paths import (  # noqa: E402
     RANDOM_KINDS, clip_cameras, preset_path, random_motion, random_path, so3_log, static_path,
 )
@@ -285,73 +286,9 @@ def test_covisible_estimator_reads_the_camera_whatever_fills_what_the_source_nev
     assert not np.isfinite(whole[2]).all() or rot_err_deg(whole[2], path[8]) > 1.5
 
 
-# ---------------------------------------------------------------- the condition dataset
+# ---------------------------------------------------------------- a dataset item read by the estimator
+# (the dataset itself: tests/test_room3d_data.py)
 from ddpo_grpo.worlds.room3d import Room3DConditions  # noqa: E402
-from ddpo_grpo.worlds.room3d.paths import check_num_frames  # noqa: E402
-from ddpo_grpo.errors import ConfigError  # noqa: E402
-
-
-def test_conditions_items_and_held_out_split():
-    train, ev = Room3DConditions("train", seed=1), Room3DConditions("eval", seed=1)
-    assert (len(train), len(ev)) == (512, 64)
-    it = ev[0]
-    assert it["index"] == 512 and it["preset"] == "pan right" and it["prompt"].endswith(", camera pan right")
-    assert it["prompt"].startswith("a room with ")
-    assert it["source_video"].shape == (9, 3, 32, 48) and it["target_video"].shape == (9, 3, 32, 48)
-    assert it["cameras"].shape == (3, 12) and it["cameras"].dtype == torch.float32
-    np.testing.assert_allclose(it["cameras"].numpy(), trajectory_numbers(1, 3), atol=1e-6)
-    fx = 48 * 24 / 23.76
-    np.testing.assert_allclose(it["intrinsics"], [fx, fx, 23.5, 15.5], rtol=1e-6)
-    # the source camera stands still; the target starts where it stands
-    src, tgt = it["source_video"].numpy(), it["target_video"]
-    np.testing.assert_array_equal(src[0], src[-1])
-    np.testing.assert_allclose(tgt[0], src[0], atol=1e-6)
-    assert np.abs(tgt[-1] - src[-1]).mean() > 0.03
-    # eval: the ten presets in turn; train: random paths of the same kinds, their numbers are the path's
-    assert [ev[k]["preset"] for k in range(10)] == [CAM_TYPES[c] for c in range(1, 11)]
-    tr = train[3]
-    np.testing.assert_allclose(tr["cameras"].numpy(), clip_cameras(tr["target_path"].astype(np.float64)), atol=1e-6)
-    assert tr["prompt"] == train.prompt_at(3)
-    # held-out rooms: no eval scene seed is a train scene seed
-    assert not {train[k]["scene_seed"] for k in range(8)} & {ev.scene_seed(i) for i in ev.indices}
-    # deterministic per seed
-    np.testing.assert_array_equal(Room3DConditions("train", seed=1, cache=False)[3]["target_video"], tr["target_video"])
-    with pytest.raises(ConfigError):
-        Room3DConditions("train", num_frames=8)
-    with pytest.raises(ConfigError):
-        check_num_frames(0)
-
-
-def test_data_kinds_draws_train_paths_of_those_kinds_only():
-    """config data.kinds -> Room3DConditions(kinds=...): train's random paths of the named kinds only, the default the
-    same draw as naming all five, held-out presets untouched, an unknown kind a ConfigError."""
-    from ml_collections import ConfigDict
-
-    from ddpo_grpo.trainer.run.data import build_dataset
-    from ddpo_grpo.worlds.room3d.paths import RANDOM_KINDS
-
-    words = {"pan": ("pan left", "pan right"), "tilt": ("tilt up", "tilt down")}
-    rot = Room3DConditions("train", seed=3, kinds=("pan", "tilt"))
-    names = [rot.condition(i)[2] for i in range(40)]
-    assert set(names) <= set(words["pan"] + words["tilt"])
-    assert any(n.startswith("pan") for n in names) and any(n.startswith("tilt") for n in names)
-    default, named = Room3DConditions("train", seed=3), Room3DConditions("train", seed=3, kinds=RANDOM_KINDS)
-    for i in range(12):
-        a, b = default.condition(i), named.condition(i)
-        assert a[2] == b[2] and a[0] == b[0]
-        np.testing.assert_array_equal(a[1], b[1])
-    assert len({default.condition(i)[2].split()[0] for i in range(40)}) >= 4  # the five kinds mixed
-    ev = Room3DConditions("eval", seed=3, kinds=("pan",))
-    assert [ev.condition(k)[2] for k in range(10)] == [CAM_TYPES[c] for c in range(1, 11)]
-    with pytest.raises(ConfigError, match="data.kinds"):
-        Room3DConditions("train", kinds=("spin",))
-    with pytest.raises(ConfigError, match="data.kinds"):
-        Room3DConditions("train", kinds=())
-    cfg = ConfigDict({"seed": 0, "data": {"name": "room3d", "num_conditions": 0, "kinds": " tilt , pan"},
-                      "pretrained": {"resolution": 0, "num_frames": 9, "height": 32, "width": 48},
-                      "eval": {"split": "eval"}})
-    ds = build_dataset(cfg, "train")
-    assert ds.kinds == ("tilt", "pan") and set(ds.condition(0)[2].split()[:1]) <= {"pan", "tilt"}
 
 
 def test_an_item_carries_what_the_exact_estimator_needs():

@@ -49,7 +49,7 @@ class Room3DConditions:
                 raise ConfigError(f"room3d: {name} must be an int >= 8 px, got {v!r}")
         if int(supersample) != supersample or supersample < 1:
             raise ConfigError(f"room3d: supersample must be an int >= 1, got {supersample!r}")
-        self.kinds = check_kinds(kinds)  # the training split's random kinds (held out: ReCamMaster's presets whatever they are)
+        self.kinds = check_kinds(kinds)  # train's random kinds (held out: ReCamMaster's presets whatever they are)
         lo, hi = SPLITS[split]
         self.split, self.seed, self.cache = split, int(seed), bool(cache)
         self.num_frames, self.height, self.width = check_num_frames(num_frames), int(height), int(width)
