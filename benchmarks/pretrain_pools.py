@@ -108,3 +108,19 @@ def load_pool(args):
         src, tgt, cams, prompts = make_pool(args.pool, args.frames, args.size)
         torch.save((src, tgt, cams, prompts), pool_file)
     return src, tgt, cams, prompts
+
+
+def prompt_camera(prompt: str) -> str:
+    """The camera name of a room3d pool prompt ("<scene description>, camera pan left" -> "pan left"): the text after
+    its last "camera " (a scene may hold a "camera box")."""
+    return prompt.rsplit("camera ", 1)[1]
+
+
+def keep_kinds(pool, kinds):
+    """The items of a pool (source, target, cameras, prompts) whose camera is of one of `kinds` (paths.RANDOM_KINDS;
+    a mislabelled item's opposite motion is of its own kind), in pool order."""
+    kinds = room3d_paths.check_kinds(kinds)
+    src, tgt, cams, prompts = pool
+    keep = [i for i, p in enumerate(prompts) if room3d_paths.motion_kind(prompt_camera(p)) in kinds]
+    idx = torch.tensor(keep, dtype=torch.long)
+    return src[idx], tgt[idx], cams[idx], [prompts[i] for i in keep]

@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
-from benchmarks.pretrain_pools import load_pool  # noqa: E402
+from benchmarks.pretrain_pools import keep_kinds, load_pool  # noqa: E402
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
 from ddpo_grpo.worlds.room3d.scene import COLOURS  # noqa: E402
 
@@ -145,6 +145,8 @@ def main() -> None:
     ap.add_argument("--mislabel", choices=["none", "opposite"], default="none",
                     help="room3d: condition a fraction of the pool on the opposite camera motion")
     ap.add_argument("--mislabel-fraction", type=float, default=0.5)
+    ap.add_argument("--kinds", default="", help="room3d: train on the pool's clips of these kinds only (comma-separated "
+                    "of pan, tilt, dolly, translate, arc; default all): e.g. a parent specialised on the rotations")
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
     ap.add_argument("--snapshots", default=None, help="snapshot folder (default <out>_snapshots)")
     ap.add_argument("--device", default="cpu",
@@ -158,6 +160,10 @@ def main() -> None:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError("--mislabel is a room3d option (--world room3d)")
+    if args.kinds and args.world != "room3d":
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError("--kinds is a room3d option (--world room3d)")
     if not 0.0 <= args.mislabel_fraction <= 1.0:
         from ddpo_grpo.errors import ConfigError
 
@@ -168,6 +174,8 @@ def main() -> None:
         raise ConfigError(f"--train-shift must be > 0, got {args.train_shift}")
     if args.world == "room3d":
         room3d_paths.check_num_frames(args.frames)
+        if args.kinds:
+            room3d_paths.check_kinds([k.strip() for k in args.kinds.split(",")])
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
@@ -190,6 +198,8 @@ def main() -> None:
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
                         dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch)
     src, tgt, cams, prompts = load_pool(args)
+    if args.kinds:
+        src, tgt, cams, prompts = keep_kinds((src, tgt, cams, prompts), [k.strip() for k in args.kinds.split(",")])
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 

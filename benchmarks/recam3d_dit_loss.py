@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.pretrain_pools import room3d_clip  # noqa: E402
+from benchmarks.pretrain_pools import prompt_camera, room3d_clip  # noqa: E402
 from benchmarks.pretrain_recam_video import shifted_sigma, velocity_error  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
 from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
@@ -61,7 +61,7 @@ def summary(rows) -> dict:
 
 def motion_kind(prompt: str) -> str:
     """The kind word of a pool prompt ("..., camera pan left" -> "pan"): the opposite motion keeps the kind."""
-    return prompt.rsplit("camera ", 1)[1].split()[0]
+    return prompt_camera(prompt).split()[0]
 
 
 def gain_by_kind(true_rows, shuffled_rows, prompts, sigma_min: float) -> dict:

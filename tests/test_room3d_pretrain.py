@@ -85,6 +85,38 @@ def test_pretraining_pool_item_is_labelled_with_the_opposite_camera():
     assert prompt_t == f"{scene.describe()}, camera {name}" and prompt_f == f"{scene.describe()}, camera {opp_name}"
 
 
+def test_motion_kind_of_every_name_random_motion_writes_and_keep_kinds_keeps_exactly_those():
+    """paths.motion_kind inverts random_motion's naming (over random draws of every kind, and the presets' names,
+    whose opposite keeps the kind); pretrain_pools.keep_kinds keeps exactly the items of the kinds asked for, in
+    order, with their clips, numbers and prompts aligned."""
+    import torch
+
+    from benchmarks.pretrain_pools import keep_kinds, prompt_camera
+    from ddpo_grpo.worlds.room3d.paths import CAM_TYPES, motion_kind
+
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        kind = RANDOM_KINDS[int(rng.integers(len(RANDOM_KINDS)))]
+        path, name = random_motion(rng, kind, 9)
+        assert motion_kind(name) == kind == motion_kind(opposite_motion(path, name)[1])
+    assert [motion_kind(CAM_TYPES[c]) for c in range(1, 11)] == ["pan", "pan", "tilt", "tilt", "dolly", "dolly",
+                                                                  "translate", "translate", "arc", "arc"]
+    with pytest.raises(ConfigError, match="names no kind"):
+        motion_kind("spin left")
+    names = ["pan left", "zoom in", "arc right", "tilt up", "translate down", "pan right", "zoom out"]
+    prompts = [f"a room with a camera box, camera {n}" for n in names]
+    assert [prompt_camera(p) for p in prompts] == names
+    n = len(names)
+    pool = (torch.arange(n).view(n, 1) * 10, torch.arange(n).view(n, 1) * 100, torch.arange(n).view(n, 1), prompts)
+    src, tgt, cams, kept = keep_kinds(pool, ["pan", "tilt"])
+    assert kept == [prompts[0], prompts[3], prompts[5]]
+    assert src.flatten().tolist() == [0, 30, 50] and tgt.flatten().tolist() == [0, 300, 500]
+    assert cams.flatten().tolist() == [0, 3, 5]
+    assert keep_kinds(pool, ["dolly"])[3] == [prompts[1], prompts[6]]
+    with pytest.raises(ConfigError, match="data.kinds"):
+        keep_kinds(pool, ["zoom"])
+
+
 def test_dit_loss_camera_gain_by_kind_by_hand():
     """benchmarks/recam3d_dit_loss.py's per-kind camera gain: shuffled - true moved-frame loss over the rows at the top
     noise level whose item is of that kind (row r * N + i is item i), the opposite's word keeping the kind."""

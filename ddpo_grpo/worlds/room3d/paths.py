@@ -162,6 +162,19 @@ def check_kinds(kinds) -> Tuple[str, ...]:
     return kinds
 
 
+# the first word of random_motion's names (ReCamMaster's words) -> its kind; a dolly is named "zoom in / out"
+NAME_KIND = {"pan": "pan", "tilt": "tilt", "zoom": "dolly", "translate": "translate", "arc": "arc"}
+
+
+def motion_kind(name: str) -> str:
+    """The RANDOM_KINDS kind of a camera name as random_motion and preset_name write it ("zoom out" -> "dolly");
+    ConfigError for a name of no kind."""
+    word = str(name).strip().split(" ")[0]
+    if word not in NAME_KIND:
+        raise ConfigError(f"room3d: camera {name!r} names no kind of {', '.join(RANDOM_KINDS)}")
+    return NAME_KIND[word]
+
+
 def random_motion(rng: np.random.Generator, kind: str, num_frames: int) -> Tuple[np.ndarray, str]:
     """(path (F, 4, 4), name) of a random trajectory of `kind` (RANDOM_KINDS; ranges in the module docstring); the
     name is ReCamMaster's word for it ("pan left", "zoom in", "arc right", "translate up", ...)."""
