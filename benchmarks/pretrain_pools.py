@@ -116,10 +116,10 @@ def prompt_camera(prompt: str) -> str:
     return prompt.rsplit("camera ", 1)[1]
 
 
-def keep_kinds(pool, kinds):
+def keep_kinds(pool, kinds, what: str = "kinds"):
     """The items of a pool (source, target, cameras, prompts) whose camera is of one of `kinds` (paths.RANDOM_KINDS;
     a mislabelled item's opposite motion is of its own kind), in pool order."""
-    kinds = room3d_paths.check_kinds(kinds)
+    kinds = room3d_paths.check_kinds(kinds, what)
     src, tgt, cams, prompts = pool
     keep = [i for i, p in enumerate(prompts) if room3d_paths.motion_kind(prompt_camera(p)) in kinds]
     idx = torch.tensor(keep, dtype=torch.long)

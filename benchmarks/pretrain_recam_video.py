@@ -164,6 +164,7 @@ def main() -> None:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError("--kinds is a room3d option (--world room3d)")
+    kinds = room3d_paths.check_kinds([k.strip() for k in args.kinds.split(",")], "--kinds") if args.kinds else ()
     if not 0.0 <= args.mislabel_fraction <= 1.0:
         from ddpo_grpo.errors import ConfigError
 
@@ -174,8 +175,6 @@ def main() -> None:
         raise ConfigError(f"--train-shift must be > 0, got {args.train_shift}")
     if args.world == "room3d":
         room3d_paths.check_num_frames(args.frames)
-        if args.kinds:
-            room3d_paths.check_kinds([k.strip() for k in args.kinds.split(",")])
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
@@ -198,8 +197,8 @@ def main() -> None:
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
                         dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch)
     src, tgt, cams, prompts = load_pool(args)
-    if args.kinds:
-        src, tgt, cams, prompts = keep_kinds((src, tgt, cams, prompts), [k.strip() for k in args.kinds.split(",")])
+    if kinds:  # a mislabelled clip's opposite motion is of its own kind: the fraction holds within the kinds
+        src, tgt, cams, prompts = keep_kinds((src, tgt, cams, prompts), kinds, "--kinds")
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 
@@ -357,4 +356,10 @@ def save(args, parts, transformer, meta, step) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ddpo_grpo.errors import ConfigError
+
+    try:
+        main()
+    except ConfigError as e:  # a bad option or path: one line, exit 2, before the pool or a model is built
+        print(f"pretrain_recam_video: error: {e}", file=sys.stderr)
+        sys.exit(2)

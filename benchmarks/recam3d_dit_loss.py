@@ -59,15 +59,16 @@ def summary(rows) -> dict:
     return out
 
 
-def motion_kind(prompt: str) -> str:
-    """The kind word of a pool prompt ("..., camera pan left" -> "pan"): the opposite motion keeps the kind."""
+def camera_word(prompt: str) -> str:
+    """The kind word of a pool prompt's camera, in ReCamMaster's words ("..., camera zoom out" -> "zoom", where
+    paths.motion_kind says "dolly"; the keys of this benchmark's per-kind figures): the opposite motion keeps it."""
     return prompt_camera(prompt).split()[0]
 
 
 def gain_by_kind(true_rows, shuffled_rows, prompts, sigma_min: float) -> dict:
     """Shuffled - true moved-frame loss at sigma >= sigma_min per motion kind, from losses()' rows (R * N, 3), row
     r * N + i being item i: {kind: {"gain", "n" (item-draws at that level)}}."""
-    kinds = np.array([motion_kind(p) for p in prompts] * (len(true_rows) // len(prompts)))
+    kinds = np.array([camera_word(p) for p in prompts] * (len(true_rows) // len(prompts)))
     hi = true_rows[:, 0] >= sigma_min
     return {k: {"gain": float(shuffled_rows[hi & (kinds == k), 2].mean() - true_rows[hi & (kinds == k), 2].mean()),
                 "n": int((hi & (kinds == k)).sum())} for k in sorted(set(kinds))}

@@ -113,17 +113,17 @@ def test_motion_kind_of_every_name_random_motion_writes_and_keep_kinds_keeps_exa
     assert src.flatten().tolist() == [0, 30, 50] and tgt.flatten().tolist() == [0, 300, 500]
     assert cams.flatten().tolist() == [0, 3, 5]
     assert keep_kinds(pool, ["dolly"])[3] == [prompts[1], prompts[6]]
-    with pytest.raises(ConfigError, match="data.kinds"):
-        keep_kinds(pool, ["zoom"])
+    with pytest.raises(ConfigError, match="--kinds must name"):
+        keep_kinds(pool, ["zoom"], what="--kinds")
 
 
 def test_dit_loss_camera_gain_by_kind_by_hand():
     """benchmarks/recam3d_dit_loss.py's per-kind camera gain: shuffled - true moved-frame loss over the rows at the top
     noise level whose item is of that kind (row r * N + i is item i), the opposite's word keeping the kind."""
-    from benchmarks.recam3d_dit_loss import gain_by_kind, motion_kind
+    from benchmarks.recam3d_dit_loss import camera_word, gain_by_kind
 
-    assert motion_kind("a room with a red box, camera pan left") == "pan"
-    assert motion_kind("a room with a camera box, camera zoom out") == "zoom"  # the last "camera " is the label's
+    assert camera_word("a room with a red box, camera pan left") == "pan"
+    assert camera_word("a room with a camera box, camera zoom out") == "zoom"  # the last "camera " is the label's
     prompts = ["r, camera pan left", "r, camera zoom in", "r, camera pan right"]
     # 2 draws x 3 items: (sigma, whole-clip loss, moved-frame loss)
     true = np.array([[0.9, 0, 0.5], [0.9, 0, 0.7], [0.2, 0, 0.1], [0.95, 0, 0.6], [0.5, 0, 0.3], [0.86, 0, 0.2]])
@@ -266,6 +266,19 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
                            "--world", "room3d", "--out", "/nonexistent/x"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "this torch sees no CUDA device" in proc.stderr
+
+
+@pytest.mark.parametrize("args,says", [(["--world", "room3d", "--kinds", "pan,spin"], "--kinds must name some of"),
+                                       (["--kinds", "pan"], "--kinds is a room3d option"),
+                                       (["--world", "room3d", "--mislabel-fraction", "2"], "must be in [0, 1]")])
+def test_pretraining_bad_options_are_one_line_exit_2(args, says):
+    """A bad --kinds (unknown kind; on the 2-D world) or mislabel fraction: one line on stderr, exit 2, before the
+    pool or a model is built."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", *args, "--out", "/nonexistent/x"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.parametrize("patch", [1, 2])

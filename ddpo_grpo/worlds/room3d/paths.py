@@ -151,13 +151,13 @@ def _look_at(position: np.ndarray, target: np.ndarray) -> np.ndarray:
     return np.stack([x, np.cross(f, x), f], axis=1)
 
 
-def check_kinds(kinds) -> Tuple[str, ...]:
-    """A non-empty selection of RANDOM_KINDS as a tuple (config data.kinds, Room3DConditions(kinds=...)), else one
-    ConfigError line."""
+def check_kinds(kinds, what: str = "data.kinds") -> Tuple[str, ...]:
+    """A non-empty selection of RANDOM_KINDS as a tuple (config data.kinds, Room3DConditions(kinds=...), the
+    pretraining's --kinds: `what`, named in the error), else one ConfigError line."""
     kinds = tuple(kinds)
     bad = [k for k in kinds if k not in RANDOM_KINDS]
     if not kinds or bad:
-        raise ConfigError(f"room3d: data.kinds must name some of {', '.join(RANDOM_KINDS)} (comma-separated), got "
+        raise ConfigError(f"room3d: {what} must name some of {', '.join(RANDOM_KINDS)} (comma-separated), got "
                           f"{list(kinds)!r}")
     return kinds
 
