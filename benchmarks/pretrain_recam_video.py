@@ -164,7 +164,7 @@ def main() -> None:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError("--kinds is a room3d option (--world room3d)")
-    kinds = room3d_paths.check_kinds([k.strip() for k in args.kinds.split(",")], "--kinds") if args.kinds else ()
+    kinds = room3d_paths.parse_kinds(args.kinds, "--kinds")
     if not 0.0 <= args.mislabel_fraction <= 1.0:
         from ddpo_grpo.errors import ConfigError
 

@@ -105,15 +105,13 @@ def _subset(dataset, n: int, seed: int):
 def data_kinds(config) -> tuple:
     """config.data.kinds ("pan,tilt"; "" = all) -> the room3d training paths' kinds, checked: names of
     `room3d.paths.RANDOM_KINDS`, and only with data.name room3d (another world has no such kinds to pick)."""
-    kinds = tuple(k.strip() for k in str(config.data.get("kinds", "") or "").split(",") if k.strip())
-    if not kinds:
-        return ()
-    if config.data.name != "room3d":
+    from ddpo_grpo.worlds.room3d.paths import parse_kinds
+
+    kinds = parse_kinds(config.data.get("kinds", ""))
+    if kinds and config.data.name != "room3d":
         raise ConfigError(f"data.kinds={config.data.kinds!r} picks the 3-D camera world's training paths: it needs "
                           f"data.name='room3d' (got {config.data.name!r})")
-    from ddpo_grpo.worlds.room3d.paths import check_kinds
-
-    return check_kinds(kinds)
+    return kinds
 
 
 def build_dataset(config, split: str):

@@ -162,6 +162,12 @@ def check_kinds(kinds, what: str = "data.kinds") -> Tuple[str, ...]:
     return kinds
 
 
+def parse_kinds(text: str, what: str = "data.kinds") -> Tuple[str, ...]:
+    """A comma-separated selection of kinds ("pan, tilt") -> check_kinds' tuple; "" (or only commas) -> () = all."""
+    kinds = tuple(k.strip() for k in str(text or "").split(",") if k.strip())
+    return check_kinds(kinds, what) if kinds else ()
+
+
 # the first word of random_motion's names (ReCamMaster's words) -> its kind; a dolly is named "zoom in / out"
 NAME_KIND = {"pan": "pan", "tilt": "tilt", "zoom": "dolly", "translate": "translate", "arc": "arc"}
 
