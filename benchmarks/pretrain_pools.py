@@ -37,6 +37,18 @@ def room3d_clip(i: int, frames: int, height: int, width: int, supersample: int, 
     """One pool item of the 3-D world: (source (F, 3, H, W), target (F, 3, H, W), cameras (F', 12), prompt, flipped)
     with the camera conditioning of the opposite motion when this item is mislabelled (pretrain_recam_video.py's
     docstring)."""
+    rng, scene, src, path, name = _room3d_path(i, frames)
+    flipped = mislabel == "opposite" and rng.random() < fraction
+    K = room3d_intrinsics(height, width)
+    still = render_view(scene, src, K, height, width, supersample)
+    target = render_clip(scene, src @ path, K, height, width, supersample)
+    label_path, label = room3d_paths.opposite_motion(path, name) if flipped else (path, name)
+    return (np.repeat(still[None], frames, axis=0), target, room3d_paths.clip_cameras(label_path),
+            f"{scene.describe()}, camera {label}", flipped)
+
+
+def _room3d_path(i: int, frames: int):
+    """Pool item i's room and random path: (its rng, scene, source pose (4, 4), path (F, 4, 4), camera name)."""
     rng = np.random.default_rng((POOL_SEED, i, 59))
     scene = make_scene(ROOM3D_SCENE_SEED + i)
     src = source_pose(scene)
@@ -46,13 +58,19 @@ def room3d_clip(i: int, frames: int, height: int, width: int, supersample: int, 
         pos = (src @ path)[:, :3, 3]
         if inside_room(pos).all() and clear_of_objects(scene, pos).all():
             break
-    flipped = mislabel == "opposite" and rng.random() < fraction
-    K = room3d_intrinsics(height, width)
-    still = render_view(scene, src, K, height, width, supersample)
-    target = render_clip(scene, src @ path, K, height, width, supersample)
-    label_path, label = room3d_paths.opposite_motion(path, name) if flipped else (path, name)
-    return (np.repeat(still[None], frames, axis=0), target, room3d_paths.clip_cameras(label_path),
-            f"{scene.describe()}, camera {label}", flipped)
+    return rng, scene, src, path, name
+
+
+def room3d_opposite_labels(n: int, frames: int):
+    """The first n room3d pool items' OPPOSITE conditioning without rendering: (cameras (n, F', 12), prompts), what
+    room3d_clip gives an item it flips (a pool of true labels and these share every clip)."""
+    cams, prompts = [], []
+    for i in range(n):
+        _, scene, _, path, name = _room3d_path(i, frames)
+        label_path, label = room3d_paths.opposite_motion(path, name)
+        cams.append(room3d_paths.clip_cameras(label_path))
+        prompts.append(f"{scene.describe()}, camera {label}")
+    return torch.from_numpy(np.stack(cams)), prompts
 
 
 def _room3d_job(a):
@@ -119,8 +137,13 @@ def prompt_camera(prompt: str) -> str:
 def keep_kinds(pool, kinds, what: str = "kinds"):
     """The items of a pool (source, target, cameras, prompts) whose camera is of one of `kinds` (paths.RANDOM_KINDS;
     a mislabelled item's opposite motion is of its own kind), in pool order."""
-    kinds = room3d_paths.check_kinds(kinds, what)
     src, tgt, cams, prompts = pool
-    keep = [i for i, p in enumerate(prompts) if room3d_paths.motion_kind(prompt_camera(p)) in kinds]
-    idx = torch.tensor(keep, dtype=torch.long)
-    return src[idx], tgt[idx], cams[idx], [prompts[i] for i in keep]
+    idx = kind_index(prompts, kinds, what)
+    return src[idx], tgt[idx], cams[idx], [prompts[i] for i in idx.tolist()]
+
+
+def kind_index(prompts, kinds, what: str = "kinds") -> torch.Tensor:
+    """The indices (K,) of the room3d pool prompts whose camera is of one of `kinds`, in order (keep_kinds' rule)."""
+    kinds = room3d_paths.check_kinds(kinds, what)
+    return torch.tensor([i for i, p in enumerate(prompts) if room3d_paths.motion_kind(prompt_camera(p)) in kinds],
+                        dtype=torch.long)

@@ -28,6 +28,10 @@ numbers (`clip_cameras`) and the prompt as Room3DConditions writes it ("<scene d
 `--mislabel opposite`, a seeded `--mislabel-fraction` of the pool is conditioned on the OPPOSITE motion of its target
 clip (`paths.opposite_motion`: the camera numbers AND the prompt's camera word), so the model, asked for a camera,
 produces it or its opposite: a known, shared camera error (the video analogue of tiny-t2i-noisy's colour word).
+With `--mislabel-by noise` the fraction is of the training draws instead of the items: a draw carries the opposite
+camera when its noise's normalised sum (`noise_mode`, a standard normal) is above the fraction's quantile, so that a
+sampler's starting noise picks the camera and the model commits to one motion per sample where a fixed set of
+mislabelled items makes a small DiT blend the two (docs/recam.md, sixteenth session).
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
-from benchmarks.pretrain_pools import keep_kinds, load_pool  # noqa: E402
+from benchmarks.pretrain_pools import kind_index, load_pool, room3d_opposite_labels  # noqa: E402
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
 from ddpo_grpo.worlds.room3d.scene import COLOURS  # noqa: E402
 
@@ -102,6 +106,19 @@ def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
     return predict_velocity(den, xt, src_lat, cams, emb, sigma) - (noise - x0)
 
 
+def noise_mode(noise: torch.Tensor) -> torch.Tensor:
+    """Noises (B, C, F', h, w) -> their normalised sums (B,): standard normal for standard normal noise, and the one
+    reading of a draw's noise that `--mislabel-by noise` ties the opposite camera to (a sum is what a DiT without
+    absolute positions can read: attention's average over the tokens)."""
+    return noise.flatten(1).sum(1) / noise[0].numel() ** 0.5
+
+
+def mode_threshold(fraction: float) -> float:
+    """The noise_mode value above which a standard normal draw falls with probability `fraction`."""
+    return float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1.0 - fraction))) if 0 < fraction < 1 else (
+        float("inf") if fraction <= 0 else float("-inf"))
+
+
 def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]
     return frames.permute(0, 2, 1, 3, 4) * 2 - 1
 
@@ -145,6 +162,10 @@ def main() -> None:
     ap.add_argument("--mislabel", choices=["none", "opposite"], default="none",
                     help="room3d: condition a fraction of the pool on the opposite camera motion")
     ap.add_argument("--mislabel-fraction", type=float, default=0.5)
+    ap.add_argument("--mislabel-by", choices=["item", "noise"], default="item",
+                    help="room3d --mislabel opposite: item (a seeded fraction of the pool's items always carries the "
+                         "opposite camera) or noise (every training draw carries it when noise_mode(its noise) is "
+                         "above the fraction's quantile: the starting noise picks the camera)")
     ap.add_argument("--kinds", default="", help="room3d: train on the pool's clips of these kinds only (comma-separated "
                     "of pan, tilt, dolly, translate, arc; default all): e.g. a parent specialised on the rotations")
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
@@ -165,6 +186,10 @@ def main() -> None:
 
         raise ConfigError("--kinds is a room3d option (--world room3d)")
     kinds = room3d_paths.parse_kinds(args.kinds, "--kinds")
+    if args.mislabel_by == "noise" and args.mislabel != "opposite":
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError("--mislabel-by noise ties the OPPOSITE camera to the noise: give --mislabel opposite")
     if not 0.0 <= args.mislabel_fraction <= 1.0:
         from ddpo_grpo.errors import ConfigError
 
@@ -196,9 +221,16 @@ def main() -> None:
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
                         dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch)
-    src, tgt, cams, prompts = load_pool(args)
+    by_noise = args.mislabel_by == "noise"
+    # --mislabel-by noise: the pool of true labels, and every item's opposite labels beside it (no render: same clips)
+    src, tgt, cams, prompts = load_pool(argparse.Namespace(**dict(vars(args), mislabel="none", mislabel_fraction=0.5))
+                                         if by_noise else args)
+    opp_cams, opp_prompts = room3d_opposite_labels(len(prompts), args.frames) if by_noise else (None, None)
     if kinds:  # a mislabelled clip's opposite motion is of its own kind: the fraction holds within the kinds
-        src, tgt, cams, prompts = keep_kinds((src, tgt, cams, prompts), kinds, "--kinds")
+        idx = kind_index(prompts, kinds, "--kinds")
+        src, tgt, cams, prompts = src[idx], tgt[idx], cams[idx], [prompts[i] for i in idx.tolist()]
+        if by_noise:
+            opp_cams, opp_prompts = opp_cams[idx], [opp_prompts[i] for i in idx.tolist()]
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 
@@ -243,10 +275,13 @@ def main() -> None:
     transformer.to(device)
     text_encoder.to(device)
     cams = cams.to(device)
+    if by_noise:
+        opp_cams = opp_cams.to(device)
+        threshold = mode_threshold(args.mislabel_fraction)
     den = RecamDenoiser(transformer)
     pipe = WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer,
                        scheduler=parts["scheduler"])
-    uniq = sorted(set(prompts))
+    uniq = sorted(set(prompts) | set(opp_prompts or ()))
     with torch.no_grad():
         emb = {p: pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
                                      device=device)[0][0] for p in uniq}
@@ -265,8 +300,14 @@ def main() -> None:
         x0 = lat_tgt[on]
         sigma = shifted_sigma(torch.rand(args.batch, generator=g), args.train_shift).to(device)
         noise = torch.randn(x0.shape, generator=g).to(device)
-        e = torch.stack([emb[prompts[i]] for i in idx.tolist()])
-        loss = velocity_error(den, x0, lat_src[on], cams[on], e, sigma, noise).pow(2).mean()
+        c = cams[on]
+        if by_noise:  # the draws whose noise reads above the threshold carry the opposite camera (numbers and word)
+            flip = noise_mode(noise) > threshold
+            c = torch.where(flip[:, None, None], opp_cams[on], c)
+            e = torch.stack([emb[(opp_prompts if f else prompts)[i]] for i, f in zip(idx.tolist(), flip.tolist())])
+        else:
+            e = torch.stack([emb[prompts[i]] for i in idx.tolist()])
+        loss = velocity_error(den, x0, lat_src[on], c, e, sigma, noise).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)

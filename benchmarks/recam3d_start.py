@@ -41,7 +41,8 @@ from ddpo_grpo.worlds.recam.pose_reward import requested_path  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 from ddpo_grpo.worlds.room3d.estimator import make_exact_estimator  # noqa: E402
-from ddpo_grpo.worlds.room3d.paths import clip_cameras, opposite_motion  # noqa: E402
+from benchmarks.pretrain_recam_video import noise_mode  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import clip_cameras, motion_kind, opposite_motion  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, STEPS = 9, 32, 48, 10
 LATENT = [0, 4, 8]
@@ -207,7 +208,21 @@ def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms
         clips += list(sample_clips(pipe, its, part, STEPS).float().cpu().numpy())
         items += its
         print(f"sampled {len(clips)}/{len(jobs)}", flush=True)
-    return clips, items, jobs
+    # each job's starting noise as sample_clips draws it, read by noise_mode (what --mislabel-by noise ties a camera to)
+    modes = np.array([noise_mode(torch.randn(tuple(pipe.sample_shape), generator=torch.Generator().manual_seed(
+        1000 * s + i))[None]).item() for i, s in jobs])
+    return clips, items, jobs, modes
+
+
+def rotation_leans(true: np.ndarray, opp: np.ndarray, modes: np.ndarray, presets) -> dict:
+    """On the pans and tilts (the presets whose opposite a still camera does not also miss): the share of samples
+    scoring higher against the requested camera than against its opposite, and the correlation of that lean (true -
+    opposite score) with the starting noise's noise_mode: ~0 for a model that blends the two, strongly negative for
+    one that commits to the opposite when the noise reads high (--mislabel-by noise). true, opp, modes: (N,)."""
+    m = np.array([motion_kind(p) in ("pan", "tilt") for p in presets])
+    lean = (true - opp)[m]
+    return dict(n=int(m.sum()), requested_share=float((lean > 0).mean()),
+                lean_mode_corr=float(np.corrcoef(lean, modes[m])[0, 1]) if m.sum() > 2 else float("nan"))
 
 
 def main() -> None:
@@ -242,7 +257,7 @@ def main() -> None:
     folder = resolve_model_path(args.model)
     ckpt = args.checkpoint or os.path.join(folder, "recammaster.ckpt")
     t0 = time.time()
-    clips, items, jobs = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
+    clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
     t_sample = time.time() - t0
     if args.grid:
         save_grid(clips[:10], items[:10], args.grid)
@@ -277,6 +292,7 @@ def main() -> None:
                seconds_sampling=round(t_sample, 1), seconds_per_clip_estimator=float(r[:, 2].mean()),
                cpu_seconds_per_clip_estimator=float(r[:, 3].mean()),
                translation_shown=nanmedian(r[:, 4]), rotation_shown=nanmedian(r[:, 5]),
+               rotation_leans=rotation_leans(true, opp, modes, [it["preset"] for it in items]),
                per_preset=per_preset, reference=reference_scores(items[:n_cond]))
     print(json.dumps(res, indent=1), flush=True)
     if args.out:

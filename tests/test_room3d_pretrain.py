@@ -85,6 +85,45 @@ def test_pretraining_pool_item_is_labelled_with_the_opposite_camera():
     assert prompt_t == f"{scene.describe()}, camera {name}" and prompt_f == f"{scene.describe()}, camera {opp_name}"
 
 
+def test_opposite_labels_without_rendering_are_the_flipped_items_labels():
+    """pretrain_pools.room3d_opposite_labels (for --mislabel-by noise) gives each item the camera numbers and prompt
+    that room3d_clip gives it when it flips it, without rendering."""
+    from benchmarks.pretrain_pools import room3d_clip, room3d_opposite_labels
+
+    cams, prompts = room3d_opposite_labels(4, 9)
+    assert cams.shape == (4, 3, 12) and len(prompts) == 4
+    for i in (0, 3):
+        _, _, cams_f, prompt_f, flipped = room3d_clip(i, 9, 8, 12, 1, "opposite", 1.0)
+        assert flipped and prompts[i] == prompt_f
+        np.testing.assert_array_equal(cams[i].numpy(), cams_f)
+        _, _, cams_t, prompt_t, _ = room3d_clip(i, 9, 8, 12, 1, "none", 1.0)
+        assert prompt_t != prompt_f and not np.allclose(cams_t, cams_f)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75])
+def test_noise_mode_is_a_standard_normal_and_its_threshold_flips_the_fraction(fraction):
+    """--mislabel-by noise: noise_mode is the noise's sum over sqrt(its size) (float64 by hand), standard normal for
+    standard normal noise, and mode_threshold is the normal quantile above which `fraction` of the draws fall (4,000
+    seeded draws: within 4 binomial standard errors); fractions 0 and 1 flip none and all."""
+    import statistics
+
+    import torch
+
+    from benchmarks.pretrain_recam_video import mode_threshold, noise_mode
+
+    g = torch.Generator().manual_seed(7)
+    noise = torch.randn(4000, 8, 3, 8, 12, generator=g)
+    m = noise_mode(noise)
+    by_hand = noise.double().flatten(1).sum(1) / np.sqrt(8 * 3 * 8 * 12)
+    np.testing.assert_allclose(m.numpy(), by_hand.numpy(), rtol=1e-4, atol=1e-4)
+    assert abs(m.mean().item()) < 4 / np.sqrt(4000) and abs(m.std().item() - 1) < 0.05
+    t = mode_threshold(fraction)
+    assert t == pytest.approx(statistics.NormalDist().inv_cdf(1 - fraction), abs=1e-5)
+    share = (m > t).double().mean().item()
+    assert abs(share - fraction) < 4 * np.sqrt(fraction * (1 - fraction) / 4000)
+    assert not (m > mode_threshold(0.0)).any() and (m > mode_threshold(1.0)).all()
+
+
 def test_motion_kind_of_every_name_random_motion_writes_and_keep_kinds_keeps_exactly_those():
     """paths.motion_kind inverts random_motion's naming (over random draws of every kind, and the presets' names,
     whose opposite keeps the kind); pretrain_pools.keep_kinds keeps exactly the items of the kinds asked for, in
@@ -270,7 +309,8 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
 
 @pytest.mark.parametrize("args,says", [(["--world", "room3d", "--kinds", "pan,spin"], "--kinds must name some of"),
                                        (["--kinds", "pan"], "--kinds is a room3d option"),
-                                       (["--world", "room3d", "--mislabel-fraction", "2"], "must be in [0, 1]")])
+                                       (["--world", "room3d", "--mislabel-fraction", "2"], "must be in [0, 1]"),
+                                       (["--world", "room3d", "--mislabel-by", "noise"], "give --mislabel opposite")])
 def test_pretraining_bad_options_are_one_line_exit_2(args, says):
     """A bad --kinds (unknown kind; on the 2-D world) or mislabel fraction: one line on stderr, exit 2, before the
     pool or a model is built."""
@@ -326,3 +366,20 @@ def test_reference_scores_of_a_still_camera_and_the_opposite_motion_by_hand():
             assert got["still"] < 0.01 and got["opposite"] < 0.01
     assert ref["still"] == pytest.approx(np.mean([v["still"] for v in ref["per_preset"].values()]), abs=1e-12)
     assert 0.14 < ref["still"] < 0.16 and ref["opposite"] < ref["still"]
+
+
+def test_rotation_leans_by_hand():
+    """recam3d_start.rotation_leans: on the pans and tilts only, the share of samples scoring higher against the
+    requested camera than its opposite, and the Pearson correlation of that lean with the starting noise's mode
+    (float64 by hand); a zoom's sample is left out whatever it scores."""
+    from benchmarks.recam3d_start import rotation_leans
+
+    true = np.array([0.4, 0.1, 0.3, 0.05, 0.9, 0.2])
+    opp = np.array([0.1, 0.4, 0.05, 0.3, 0.0, 0.3])
+    modes = np.array([-1.0, 1.0, -0.5, 2.0, 5.0, 0.3])
+    presets = ["pan left", "tilt up", "pan right", "tilt down", "zoom in", "pan left"]
+    got = rotation_leans(true, opp, modes, presets)
+    lean, mo = np.array([0.3, -0.3, 0.25, -0.25, -0.1]), np.array([-1.0, 1.0, -0.5, 2.0, 0.3])
+    lc, mc = lean - lean.mean(), mo - mo.mean()
+    assert got["n"] == 5 and got["requested_share"] == pytest.approx(2 / 5)
+    assert got["lean_mode_corr"] == pytest.approx((lc * mc).sum() / np.sqrt((lc ** 2).sum() * (mc ** 2).sum()))
