@@ -106,10 +106,14 @@ def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
     return predict_velocity(den, xt, src_lat, cams, emb, sigma) - (noise - x0)
 
 
-def noise_mode(noise: torch.Tensor) -> torch.Tensor:
+def noise_mode(noise: torch.Tensor, first_frame: bool = False) -> torch.Tensor:
     """Noises (B, C, F', h, w) -> their normalised sums (B,): standard normal for standard normal noise, and the one
     reading of a draw's noise that `--mislabel-by noise` ties the opposite camera to (a sum is what a DiT without
-    absolute positions can read: attention's average over the tokens)."""
+    absolute positions can read: attention's average over the tokens). first_frame: latent frame 0's noise only
+    (`noise-first`: the source camera's frame, whose content the DiT has in the source latents, so that the noise
+    there is readable at every noise level, not only where the moved frames' unknown content is drowned)."""
+    if first_frame:
+        noise = noise[:, :, :1]
     return noise.flatten(1).sum(1) / noise[0].numel() ** 0.5
 
 
@@ -162,10 +166,11 @@ def main() -> None:
     ap.add_argument("--mislabel", choices=["none", "opposite"], default="none",
                     help="room3d: condition a fraction of the pool on the opposite camera motion")
     ap.add_argument("--mislabel-fraction", type=float, default=0.5)
-    ap.add_argument("--mislabel-by", choices=["item", "noise"], default="item",
+    ap.add_argument("--mislabel-by", choices=["item", "noise", "noise-first"], default="item",
                     help="room3d --mislabel opposite: item (a seeded fraction of the pool's items always carries the "
                          "opposite camera) or noise (every training draw carries it when noise_mode(its noise) is "
-                         "above the fraction's quantile: the starting noise picks the camera)")
+                         "above the fraction's quantile: the starting noise picks the camera; noise-first: its latent "
+                         "frame 0's noise only)")
     ap.add_argument("--kinds", default="", help="room3d: train on the pool's clips of these kinds only (comma-separated "
                     "of pan, tilt, dolly, translate, arc; default all): e.g. a parent specialised on the rotations")
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
@@ -186,7 +191,7 @@ def main() -> None:
 
         raise ConfigError("--kinds is a room3d option (--world room3d)")
     kinds = room3d_paths.parse_kinds(args.kinds, "--kinds")
-    if args.mislabel_by == "noise" and args.mislabel != "opposite":
+    if args.mislabel_by != "item" and args.mislabel != "opposite":
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError("--mislabel-by noise ties the OPPOSITE camera to the noise: give --mislabel opposite")
@@ -221,7 +226,7 @@ def main() -> None:
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
                         dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch)
-    by_noise = args.mislabel_by == "noise"
+    by_noise = args.mislabel_by != "item"
     # --mislabel-by noise: the pool of true labels, and every item's opposite labels beside it (no render: same clips)
     src, tgt, cams, prompts = load_pool(argparse.Namespace(**dict(vars(args), mislabel="none", mislabel_fraction=0.5))
                                          if by_noise else args)
@@ -302,7 +307,7 @@ def main() -> None:
         noise = torch.randn(x0.shape, generator=g).to(device)
         c = cams[on]
         if by_noise:  # the draws whose noise reads above the threshold carry the opposite camera (numbers and word)
-            flip = noise_mode(noise) > threshold
+            flip = noise_mode(noise, args.mislabel_by == "noise-first") > threshold
             c = torch.where(flip[:, None, None], opp_cams[on], c)
             e = torch.stack([emb[(opp_prompts if f else prompts)[i]] for i, f in zip(idx.tolist(), flip.tolist())])
         else:

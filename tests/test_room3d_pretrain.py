@@ -102,9 +102,10 @@ def test_opposite_labels_without_rendering_are_the_flipped_items_labels():
 
 @pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75])
 def test_noise_mode_is_a_standard_normal_and_its_threshold_flips_the_fraction(fraction):
-    """--mislabel-by noise: noise_mode is the noise's sum over sqrt(its size) (float64 by hand), standard normal for
-    standard normal noise, and mode_threshold is the normal quantile above which `fraction` of the draws fall (4,000
-    seeded draws: within 4 binomial standard errors); fractions 0 and 1 flip none and all."""
+    """--mislabel-by noise: noise_mode is the noise's sum over sqrt(its size) (float64 by hand; noise-first: latent
+    frame 0's), standard normal for standard normal noise, and mode_threshold is the normal quantile above which
+    `fraction` of the draws fall (4,000 seeded draws: within 4 binomial standard errors); fractions 0 and 1 flip none
+    and all."""
     import statistics
 
     import torch
@@ -116,6 +117,8 @@ def test_noise_mode_is_a_standard_normal_and_its_threshold_flips_the_fraction(fr
     m = noise_mode(noise)
     by_hand = noise.double().flatten(1).sum(1) / np.sqrt(8 * 3 * 8 * 12)
     np.testing.assert_allclose(m.numpy(), by_hand.numpy(), rtol=1e-4, atol=1e-4)
+    first = noise[:, :, 0].double().flatten(1).sum(1) / np.sqrt(8 * 8 * 12)  # noise-first: latent frame 0 only
+    np.testing.assert_allclose(noise_mode(noise, first_frame=True).numpy(), first.numpy(), rtol=1e-4, atol=1e-4)
     assert abs(m.mean().item()) < 4 / np.sqrt(4000) and abs(m.std().item() - 1) < 0.05
     t = mode_threshold(fraction)
     assert t == pytest.approx(statistics.NormalDist().inv_cdf(1 - fraction), abs=1e-5)
