@@ -12,6 +12,13 @@ items are the pool's items past its size (the same draw, so the same distributio
 same for every model and set: differences between them are paired. The camera gain is also given per motion kind (pan,
 tilt, zoom, translate, arc). `--labels true` labels every item with its true camera, so that DiTs pretrained on
 different mislabelled shares are read on the same labels.
+
+`--mode-gain` reads instead whether a DiT pretrained with `--mislabel-by noise` (or `noise-first`) has learnt to let
+the noise pick the camera: the moved frames' loss at noise levels 0.8-0.99 with the label its coupling gives each
+(item, noise) draw (the opposite camera when noise_mode is above its fraction's quantile) against the other label,
+same clips and noises. A DiT that commits per noise reads well above 0 (about what the camera tells it); one that
+blends the two cameras reads ~0 (for a model mislabelled by item, the coupling of fraction 0.5 on every frame is read:
+the control).
 """
 from __future__ import annotations
 
@@ -26,12 +33,45 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.pretrain_pools import prompt_camera, room3d_clip  # noqa: E402
-from benchmarks.pretrain_recam_video import shifted_sigma, velocity_error  # noqa: E402
+from benchmarks.pretrain_pools import prompt_camera, room3d_clip, room3d_opposite_labels  # noqa: E402
+from benchmarks.pretrain_recam_video import mode_threshold, noise_mode, shifted_sigma, velocity_error  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
 from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
 
 LEVELS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.85), (0.85, 1.0)]  # sigma buckets (the pretraining's shifted draw)
+MODE_SIGMAS = (0.99, 0.96, 0.9, 0.8)  # --mode-gain's levels: where a clip's layout (and so its camera) is decided
+
+
+def mode_gain(den, vae, embed, clips, opposite, fraction: float, first_frame: bool, draws: int, g) -> dict:
+    """{sigma: {"coupled", "other", "gain", "se"}}: moved-frame losses of clips = (source (N, F, 3, H, W), target,
+    true cameras (N, F', 12), true prompts) at each of MODE_SIGMAS, `draws` seeded noises per clip, conditioned as
+    --mislabel-by noise[-first] couples them (opposite = (cameras, prompts) of the opposite motion when
+    noise_mode(noise, first_frame) > mode_threshold(fraction)) and the other way; gain = other - coupled, se its
+    standard error over the N x draws pairs."""
+    src, tgt, cams, prompts = clips
+    ocams, oprompts = opposite
+    thr = mode_threshold(fraction)
+    with torch.no_grad():
+        ls, lt = encode_frames(vae, src), encode_frames(vae, tgt)
+        et, eo = embed(prompts), embed(oprompts)
+        cams, ocams = cams.float(), ocams.float()
+        noises = torch.randn(draws, *lt.shape, generator=g)
+        out = {}
+        for sig in MODE_SIGMAS:
+            pairs = []
+            for noise in noises:
+                flip = noise_mode(noise, first_frame) > thr
+                loss = []
+                for want in (flip, ~flip):
+                    c, e = torch.where(want[:, None, None], ocams, cams), torch.where(want[:, None, None], eo, et)
+                    err = velocity_error(den, lt, ls, c, e, torch.full((len(lt),), sig), noise) ** 2
+                    loss.append(err[:, :, 1:].mean(dim=(1, 2, 3, 4)))
+                pairs.append(torch.stack(loss, 1))
+            pairs = torch.cat(pairs).double()
+            d = pairs[:, 1] - pairs[:, 0]
+            out[str(sig)] = dict(coupled=float(pairs[:, 0].mean()), other=float(pairs[:, 1].mean()),
+                                 gain=float(d.mean()), se=float(d.std() / len(d) ** 0.5))
+    return out
 
 
 def losses(den, vae, embed, clips, u, noise):
@@ -108,12 +148,31 @@ def main() -> None:
     ap.add_argument("--labels", choices=["own", "true"], default="own",
                     help="own: the items labelled as the model's pretraining labelled them (its mislabelled share); "
                          "true: every item with its true camera, so that models pretrained on different shares compare")
+    ap.add_argument("--mode-gain", action="store_true",
+                    help="read only whether the noise picks the camera (--mislabel-by noise models; see the docstring)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
     _, meta, den, vae, embed = load_room3d_model(args.model)
     pa = meta["args"]
+    if args.mode_gain:
+        by = pa.get("mislabel_by", "item")
+        fraction = pa["mislabel_fraction"] if by != "item" else 0.5
+        got = [room3d_clip(i, pa["frames"], pa["height"], pa["width"], pa["supersample"], "none", 0.5)
+               for i in range(args.n)]
+        clips = tuple(torch.from_numpy(np.stack([x[j] for x in got])) for j in range(3)) + ([x[3] for x in got],)
+        res = dict(model=args.model, mislabel_by=by, fraction=fraction, n=args.n, draws=args.draws,
+                   dit_steps=meta.get("dit_steps"),
+                   by_sigma=mode_gain(den, vae, embed, clips, room3d_opposite_labels(args.n, pa["frames"]), fraction,
+                                      by == "noise-first", args.draws, torch.Generator().manual_seed(0)),
+                   seconds=round(time.time() - t0, 1))
+        print("mode gain (other - coupled label, moved frames): " + ", ".join(
+            f"sigma {k}: {v['gain']:+.4f} +- {v['se']:.4f}" for k, v in res["by_sigma"].items()), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return
 
     mislabel = pa["mislabel"] if args.labels == "own" else "none"  # the paths do not depend on it, only the labels
 

@@ -386,3 +386,35 @@ def test_rotation_leans_by_hand():
     lc, mc = lean - lean.mean(), mo - mo.mean()
     assert got["n"] == 5 and got["requested_share"] == pytest.approx(2 / 5)
     assert got["lean_mode_corr"] == pytest.approx((lc * mc).sum() / np.sqrt((lc ** 2).sum() * (mc ** 2).sum()))
+
+
+def test_mode_gain_pairs_the_two_labels_on_the_same_clip_and_noise():
+    """recam3d_dit_loss.mode_gain: the coupled and the other label are scored on the same clips, noises and levels,
+    so a DiT that reads neither the camera numbers nor the prompt (camera layers at their zero start, one embedding
+    for every prompt) has gain 0 at every level; the losses are finite and positive."""
+    import torch
+
+    from benchmarks.pretrain_recam_video import build_parts
+    from benchmarks.recam3d_dit_loss import MODE_SIGMAS, mode_gain
+    from ddpo_grpo.models.recam import RecamDenoiser, add_camera_layers
+
+    torch.manual_seed(0)
+    parts = build_parts(0)
+    den = RecamDenoiser(add_camera_layers(parts["transformer"])).eval()
+    g = torch.Generator().manual_seed(3)
+    n = 4
+    clips = (torch.rand(n, 5, 3, 16, 24, generator=g), torch.rand(n, 5, 3, 16, 24, generator=g),
+             torch.randn(n, 2, 12, generator=g), [f"p{i}" for i in range(n)])
+    opposite = (torch.randn(n, 2, 12, generator=g), [f"q{i}" for i in range(n)])
+    emb = torch.randn(1, 8, 32, generator=g)
+    got = mode_gain(den, parts["vae"].eval(), lambda prompts: emb.expand(len(prompts), -1, -1), clips, opposite,
+                    0.5, False, 2, torch.Generator().manual_seed(0))
+    assert sorted(got) == sorted(str(s) for s in MODE_SIGMAS)
+    for v in got.values():
+        assert v["coupled"] > 0 and np.isfinite(v["coupled"])
+        assert abs(v["gain"]) < 1e-6 and v["other"] == pytest.approx(v["coupled"], rel=1e-5)
+    # a DiT that reads the prompt: the two labels now differ somewhere (the gain is not 0 by construction)
+    table = {p: torch.randn(8, 32, generator=g) for p in clips[3] + opposite[1]}
+    read = mode_gain(den, parts["vae"].eval(), lambda prompts: torch.stack([table[p] for p in prompts]), clips,
+                     opposite, 0.5, False, 2, torch.Generator().manual_seed(0))
+    assert max(abs(v["gain"]) for v in read.values()) > 1e-4
