@@ -73,6 +73,23 @@ def room3d_opposite_labels(n: int, frames: int):
     return torch.from_numpy(np.stack(cams)), prompts
 
 
+def noise_mode(noise: torch.Tensor, first_frame: bool = False) -> torch.Tensor:
+    """Noises (B, C, F', h, w) -> their normalised sums (B,): standard normal for standard normal noise, and the one
+    reading of a draw's noise that `--mislabel-by noise` ties the opposite camera to (a sum is what a DiT without
+    absolute positions can read: attention's average over the tokens). first_frame: latent frame 0's noise only
+    (`noise-first`: the source camera's frame, whose content the DiT has in the source latents, so that the noise
+    there is readable at every noise level, not only where the moved frames' unknown content is drowned)."""
+    if first_frame:
+        noise = noise[:, :, :1]
+    return noise.flatten(1).sum(1) / noise[0].numel() ** 0.5
+
+
+def mode_threshold(fraction: float) -> float:
+    """The noise_mode value above which a standard normal draw falls with probability `fraction`."""
+    return float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1.0 - fraction))) if 0 < fraction < 1 else (
+        float("inf") if fraction <= 0 else float("-inf"))
+
+
 def _room3d_job(a):
     return room3d_clip(*a)
 

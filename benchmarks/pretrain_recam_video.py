@@ -49,7 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
-from benchmarks.pretrain_pools import kind_index, load_pool, room3d_opposite_labels  # noqa: E402
+from benchmarks.pretrain_pools import (kind_index, load_pool, mode_threshold, noise_mode,  # noqa: E402
+                                       room3d_opposite_labels)
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
 from ddpo_grpo.worlds.room3d.scene import COLOURS  # noqa: E402
 
@@ -104,23 +105,6 @@ def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
     s5 = sigma.view(-1, 1, 1, 1, 1)
     xt = (1 - s5) * x0 + s5 * noise
     return predict_velocity(den, xt, src_lat, cams, emb, sigma) - (noise - x0)
-
-
-def noise_mode(noise: torch.Tensor, first_frame: bool = False) -> torch.Tensor:
-    """Noises (B, C, F', h, w) -> their normalised sums (B,): standard normal for standard normal noise, and the one
-    reading of a draw's noise that `--mislabel-by noise` ties the opposite camera to (a sum is what a DiT without
-    absolute positions can read: attention's average over the tokens). first_frame: latent frame 0's noise only
-    (`noise-first`: the source camera's frame, whose content the DiT has in the source latents, so that the noise
-    there is readable at every noise level, not only where the moved frames' unknown content is drowned)."""
-    if first_frame:
-        noise = noise[:, :, :1]
-    return noise.flatten(1).sum(1) / noise[0].numel() ** 0.5
-
-
-def mode_threshold(fraction: float) -> float:
-    """The noise_mode value above which a standard normal draw falls with probability `fraction`."""
-    return float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1.0 - fraction))) if 0 < fraction < 1 else (
-        float("inf") if fraction <= 0 else float("-inf"))
 
 
 def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]

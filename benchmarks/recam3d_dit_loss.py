@@ -33,8 +33,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.pretrain_pools import prompt_camera, room3d_clip, room3d_opposite_labels  # noqa: E402
-from benchmarks.pretrain_recam_video import mode_threshold, noise_mode, shifted_sigma, velocity_error  # noqa: E402
+from benchmarks.pretrain_pools import (mode_threshold, noise_mode, prompt_camera, room3d_clip,  # noqa: E402
+                                       room3d_opposite_labels)
+from benchmarks.pretrain_recam_video import shifted_sigma, velocity_error  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
 from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
 

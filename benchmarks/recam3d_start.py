@@ -41,7 +41,7 @@ from ddpo_grpo.worlds.recam.pose_reward import requested_path  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 from ddpo_grpo.worlds.room3d.estimator import make_exact_estimator  # noqa: E402
-from benchmarks.pretrain_recam_video import noise_mode  # noqa: E402
+from benchmarks.pretrain_pools import noise_mode  # noqa: E402
 from ddpo_grpo.worlds.room3d.paths import clip_cameras, motion_kind, opposite_motion  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, STEPS = 9, 32, 48, 10

@@ -110,7 +110,7 @@ def test_noise_mode_is_a_standard_normal_and_its_threshold_flips_the_fraction(fr
 
     import torch
 
-    from benchmarks.pretrain_recam_video import mode_threshold, noise_mode
+    from benchmarks.pretrain_pools import mode_threshold, noise_mode
 
     g = torch.Generator().manual_seed(7)
     noise = torch.randn(4000, 8, 3, 8, 12, generator=g)
