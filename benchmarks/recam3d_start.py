@@ -192,6 +192,38 @@ def save_grid(clips, items, path: str, scale: int = 2) -> None:
 
 
 @torch.no_grad()
+def sde_clips(pipe, items, part, window: int = 4, noise_level: float = 0.7) -> torch.Tensor:
+    """As recam_heldout.sample_clips (the noise of job (condition i, draw s) seeded by 1000 s + i) but sampled as the
+    recipe samples a group: the flow SDE at `noise_level` on the first `window` steps, the ODE after. (B, F, 3, H, W)."""
+    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
+    from ddpo_grpo.core.policy_step import SamplerSettings
+
+    cond = pipe.adapter.condition_channels(pipe, items, "cpu")
+    emb = torch.cat([pipe.encode([it["prompt"]]) for it in items])
+    gens = [torch.Generator().manual_seed(1000 * s + i) for i, s in part]
+    return pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow", noise_level=noise_level),
+                                 emb, None, num_inference_steps=STEPS, sample_shape=pipe.sample_shape, generator=gens,
+                                 vae=pipe.vae, sde_window=(0, window), cond_channels=cond).images
+
+
+def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
+    """Per motion kind (pans, tilts), over its conditions' groups of k SDE samples (true, opp: (k, n_cond) scores
+    against the requested camera and its opposite): the group's mean lean (true - opposite), its spread (std over the
+    k), the share of samples leaning to the requested camera, and the spread of the reward itself (true's std): what
+    the recipe's group advantages have to rank."""
+    out = {}
+    for kind in ("pan", "tilt"):
+        m = np.array([motion_kind(p) == kind for p in presets])
+        if not m.any():
+            continue
+        lean, t = (true - opp)[:, m], true[:, m]
+        out[kind] = dict(conditions=int(m.sum()), k=k, lean_mean=float(lean.mean()),
+                         lean_spread=float(lean.std(axis=0, ddof=1).mean()), requested_share=float((lean > 0).mean()),
+                         reward_mean=float(t.mean()), reward_spread=float(t.std(axis=0, ddof=1).mean()))
+    return out
+
+
+@torch.no_grad()
 def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout"):
     from benchmarks.recam_heldout import sample_clips
     from ddpo_grpo.models import load_pipeline
@@ -242,6 +274,9 @@ def main() -> None:
     ap.add_argument("--rooms", choices=["heldout", "pretrain"], default="heldout",
                     help="pretrain: the presets in the start model's own pretraining rooms (PretrainRooms)")
     ap.add_argument("--grid", default="", help="a PNG of the first ten samples against their targets (save_grid)")
+    ap.add_argument("--group-spread", type=int, default=0, metavar="K",
+                    help="instead: K samples per pan and tilt condition drawn as the recipe draws a group (the flow "
+                         "SDE on steps 0-3), and how far they spread towards the requested camera (group_spread)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
@@ -257,6 +292,30 @@ def main() -> None:
     folder = resolve_model_path(args.model)
     ckpt = args.checkpoint or os.path.join(folder, "recammaster.ckpt")
     t0 = time.time()
+    if args.group_spread:
+        data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
+        rot = [i for i in range(args.limit or len(data)) if motion_kind(data[i]["preset"]) in ("pan", "tilt")]
+        jobs = [(i, s) for s in range(args.group_spread) for i in rot]
+        from ddpo_grpo.models import load_pipeline
+
+        pipe = load_pipeline(folder, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=ckpt)
+        pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
+        clips, items = [], []
+        for lo in range(0, len(jobs), args.batch):
+            part = jobs[lo:lo + args.batch]
+            its = [data[i] for i, _ in part]
+            clips += list(sde_clips(pipe, its, part).float().cpu().numpy())
+            items += its
+        r = np.array(score_clips(clips, items, opts, args.workers))
+        k, n = args.group_spread, len(rot)
+        res = dict(model=args.model, checkpoint=ckpt, k=k, seconds=round(time.time() - t0, 1),
+                   group_spread=group_spread(r[:, 0].reshape(k, n), r[:, 1].reshape(k, n),
+                                             [it["preset"] for it in items[:n]], k))
+        print(json.dumps(res, indent=1), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
     t_sample = time.time() - t0
     if args.grid:

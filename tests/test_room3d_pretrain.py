@@ -418,3 +418,22 @@ def test_mode_gain_pairs_the_two_labels_on_the_same_clip_and_noise():
     read = mode_gain(den, parts["vae"].eval(), lambda prompts: torch.stack([table[p] for p in prompts]), clips,
                      opposite, 0.5, False, 2, torch.Generator().manual_seed(0))
     assert max(abs(v["gain"]) for v in read.values()) > 1e-4
+
+
+def test_group_spread_by_hand():
+    """recam3d_start.group_spread: per kind, over each condition's group of k samples, the mean lean (true -
+    opposite), its spread (std over the group, mean over conditions), the share leaning to the requested camera and
+    the reward's own spread (float64 by hand); a zoom's group is left out."""
+    from benchmarks.recam3d_start import group_spread
+
+    true = np.array([[0.3, 0.5, 0.0], [0.1, 0.4, 0.9], [0.2, 0.6, 0.1]])  # (k 3, conditions 3)
+    opp = np.array([[0.1, 0.2, 0.0], [0.3, 0.1, 0.0], [0.2, 0.3, 0.0]])
+    got = group_spread(true, opp, ["pan left", "tilt up", "zoom in"], 3)
+    assert sorted(got) == ["pan", "tilt"]
+    pan = np.array([0.2, -0.2, 0.0])
+    assert got["pan"]["lean_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert got["pan"]["lean_spread"] == pytest.approx(np.sqrt((pan ** 2).sum() / 2))
+    assert got["pan"]["requested_share"] == pytest.approx(1 / 3)
+    assert got["pan"]["reward_mean"] == pytest.approx(0.2)
+    assert got["pan"]["reward_spread"] == pytest.approx(np.std([0.3, 0.1, 0.2], ddof=1))
+    assert got["tilt"]["lean_mean"] == pytest.approx(0.3) and got["tilt"]["requested_share"] == 1.0
