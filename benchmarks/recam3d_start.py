@@ -209,17 +209,23 @@ def sde_clips(pipe, items, part, window: int = 4, noise_level: float = 0.7) -> t
 def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
     """Per motion kind (pans, tilts), over its conditions' groups of k SDE samples (true, opp: (k, n_cond) scores
     against the requested camera and its opposite): the group's mean lean (true - opposite), its spread (std over the
-    k), the share of samples leaning to the requested camera, and the spread of the reward itself (true's std): what
-    the recipe's group advantages have to rank."""
+    k), the share of samples leaning to the requested camera, the spread of the reward itself (true's std): what the
+    recipe's group advantages have to rank, and the within-group correlation of the scores against the requested camera
+    and against its opposite (mean over groups): negative when a group's reward differences are the direction (closer
+    to one is farther from the other), positive when they are what both share (a clip read well or not)."""
     out = {}
     for kind in ("pan", "tilt"):
         m = np.array([motion_kind(p) == kind for p in presets])
         if not m.any():
             continue
-        lean, t = (true - opp)[:, m], true[:, m]
+        lean, t, o = (true - opp)[:, m], true[:, m], opp[:, m]
+        tc, oc = t - t.mean(axis=0), o - o.mean(axis=0)
+        den = np.sqrt((tc ** 2).sum(axis=0) * (oc ** 2).sum(axis=0))
+        corr = (tc * oc).sum(axis=0)[den > 0] / den[den > 0]
         out[kind] = dict(conditions=int(m.sum()), k=k, lean_mean=float(lean.mean()),
                          lean_spread=float(lean.std(axis=0, ddof=1).mean()), requested_share=float((lean > 0).mean()),
-                         reward_mean=float(t.mean()), reward_spread=float(t.std(axis=0, ddof=1).mean()))
+                         reward_mean=float(t.mean()), reward_spread=float(t.std(axis=0, ddof=1).mean()),
+                         true_opposite_corr=float(corr.mean()) if corr.size else float("nan"))
     return out
 
 

@@ -437,3 +437,5 @@ def test_group_spread_by_hand():
     assert got["pan"]["reward_mean"] == pytest.approx(0.2)
     assert got["pan"]["reward_spread"] == pytest.approx(np.std([0.3, 0.1, 0.2], ddof=1))
     assert got["tilt"]["lean_mean"] == pytest.approx(0.3) and got["tilt"]["requested_share"] == 1.0
+    assert got["pan"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.3, 0.1, 0.2], [0.1, 0.3, 0.2])[0, 1])
+    assert got["tilt"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.5, 0.4, 0.6], [0.2, 0.1, 0.3])[0, 1])
