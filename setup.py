@@ -53,6 +53,7 @@ setup(
             "colour_share = ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward",  # hackable proxy (docs/hacking.md)
             "cam_score = ddpo_grpo.worlds.recam.cam_score:make_cam_score",
             "unifiedscore = ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
+            "cam_margin = ddpo_grpo.worlds.room3d.reward:make_cam_margin",  # requested - opposite (docs/recam.md)
         ],
         # model_index.json `_class_name` -> its adapter (models/registry.py): ours are registered as a user's plugin
         # would be (docs/models.md). models.recam is chosen by pretrained.recam_checkpoint, not by a class name.

@@ -17,6 +17,7 @@ WORLD_REWARDS = {
     "toyworld": "ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
     "cam_score": "ddpo_grpo.worlds.recam.cam_score:make_cam_score",
     "unifiedscore": "ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
+    "cam_margin": "ddpo_grpo.worlds.room3d.reward:make_cam_margin",
     "colour_share": "ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward",
 }
 # The in-package adapters, registered as a user's adapter plugin would be (models/registry.py).

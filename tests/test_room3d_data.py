@@ -70,3 +70,35 @@ def test_data_kinds_draws_train_paths_of_those_kinds_only():
                       "eval": {"split": "eval"}})
     ds = build_dataset(cfg, "train")
     assert ds.kinds == ("tilt", "pan") and set(ds.condition(0)[2].split()[:1]) <= {"pan", "tilt"}
+
+
+@pytest.mark.parametrize("k", [0, 3])  # eval items 0 and 3: pan right, tilt down (ReCamMaster cam types 1, 4)
+def test_cam_margin_is_cam_score_against_the_request_minus_against_its_opposite(k):
+    """The registered cam_margin (worlds/room3d/reward.py) through the reward registry: cam_score against the request
+    minus cam_score against the opposite motion, both equal to plain cam_score's on the same clips (the opposite's
+    with the item's cameras replaced by the opposite path's numbers); the true clip's margin is clearly positive, the
+    opposite motion's render clearly negative and a still camera's near 0 (it misses both alike)."""
+    import torch
+
+    from ddpo_grpo.rewards.registry import get_reward_fn
+    from ddpo_grpo.worlds.recam.cam_score import make_cam_score
+    from ddpo_grpo.worlds.room3d import intrinsics, make_scene, render_clip, source_pose, static_path
+    from ddpo_grpo.worlds.room3d.paths import clip_cameras, opposite_motion
+
+    it = Room3DConditions("eval", seed=0)[k]
+    scene = make_scene(it["scene_seed"])
+    src, K = source_pose(scene), intrinsics(32, 48)
+    opp_path, _ = opposite_motion(np.asarray(it["target_path"], np.float64), it["preset"])
+    clips = torch.from_numpy(np.stack([it["target_video"], render_clip(scene, src @ opp_path, K, 32, 48, 2),
+                                       render_clip(scene, src @ static_path(9), K, 32, 48, 2)]))
+    meta = [{key: v for key, v in it.items() if key != "target_video"}] * 3
+    kw = dict(pose_estimator="ddpo_grpo.worlds.room3d.estimator:make_exact_estimator",
+              pose_estimator_kwargs={"sigmas": [0.0], "iters": 2}, workers=0)
+    margin, det = get_reward_fn("cam_margin", **kw)(clips, [""] * 3, meta)
+    plain = make_cam_score(**kw)
+    s, _ = plain(clips, [""] * 3, meta)
+    o, _ = plain(clips, [""] * 3, [dict(m, cameras=torch.from_numpy(clip_cameras(opp_path)).float()) for m in meta])
+    np.testing.assert_allclose(det["cam_score"], s, atol=1e-6)
+    np.testing.assert_allclose(det["cam_opposite"], o, atol=1e-6)
+    np.testing.assert_allclose(margin, np.asarray(s) - np.asarray(o), atol=1e-6)
+    assert margin[0] > 0.6 and margin[1] < -0.6 and abs(margin[2]) < 0.15

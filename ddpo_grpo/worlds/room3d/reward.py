@@ -1,0 +1,40 @@
+"""cam_margin: a contrastive camera reward for the 3-D world (registered as a plugin, setup.py).
+
+A clip's cam_score against the requested camera MINUS its cam_score against the opposite motion
+(`paths.opposite_motion`: the path mirrored about its main axis, the word swapped). What a clip is scored for by both,
+how well it is read at all (sharp frames the estimator can align, no lost objects), cancels; what is left is the
+direction. docs/recam.md (sixteenth session) measured why this matters: at the start of `recam3d_tiny_grpo` most of a
+pan group's cam_score differences are how well a clip is read, not which way it turns, and the recipe's 5,120 clips go
+to that first. The score against the requested camera stays in the details as "cam_score" (so an eval logs the
+held-out cam_score beside the margin) with the opposite's as "cam_opposite".
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..recam.cam_score import make_cam_score
+from .paths import clip_cameras, opposite_motion
+
+
+def opposite_item(item: dict) -> dict:
+    """The condition item with its "cameras" (F', 12) replaced by the opposite motion's numbers (needs the item's
+    "target_path" (F, 4, 4) and "preset" name, as Room3DConditions gives them)."""
+    path, _ = opposite_motion(np.asarray(item["target_path"], np.float64), item["preset"])
+    return dict(item, cameras=torch.from_numpy(clip_cameras(path)).float())
+
+
+def make_cam_margin(**cam_score_kwargs):
+    """Reward fn for room3d clips (B, F, 3, H, W): (B,) cam_score(requested) - cam_score(opposite), in [-1, 1], with
+    make_cam_score's options (pose_estimator, pose_estimator_kwargs, workers, tau_rot, ...). Each clip is estimated
+    twice (once per request); details: "cam_score", "cam_opposite" and the requested score's own details."""
+    score = make_cam_score(**cam_score_kwargs)
+
+    def cam_margin(videos, prompts, metadata):
+        s, details = score(videos, prompts, metadata)
+        o, _ = score(videos, prompts, [opposite_item(m) for m in metadata])
+        s, o = np.asarray(s, np.float32), np.asarray(o, np.float32)
+        return s - o, dict(details, cam_score=s, cam_opposite=o)
+
+    cam_margin.takes_clips = True  # whole clips, as cam_score takes them
+    return cam_margin
