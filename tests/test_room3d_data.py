@@ -102,3 +102,5 @@ def test_cam_margin_is_cam_score_against_the_request_minus_against_its_opposite(
     np.testing.assert_allclose(det["cam_opposite"], o, atol=1e-6)
     np.testing.assert_allclose(margin, np.asarray(s) - np.asarray(o), atol=1e-6)
     assert margin[0] > 0.6 and margin[1] < -0.6 and abs(margin[2]) < 0.15
+    with pytest.raises(Exception, match="cam_margin scores room3d clips"):  # an item of another world: one clear line
+        get_reward_fn("cam_margin", **kw)(clips[:1], [""], [{"cameras": meta[0]["cameras"]}])

@@ -20,6 +20,9 @@ from .paths import clip_cameras, opposite_motion
 def opposite_item(item: dict) -> dict:
     """The condition item with its "cameras" (F', 12) replaced by the opposite motion's numbers (needs the item's
     "target_path" (F, 4, 4) and "preset" name, as Room3DConditions gives them)."""
+    if not isinstance(item, dict) or "target_path" not in item or "preset" not in item:
+        raise ValueError("cam_margin scores room3d clips: each item needs its 'target_path' and 'preset' "
+                         "(data.name=room3d)")
     path, _ = opposite_motion(np.asarray(item["target_path"], np.float64), item["preset"])
     return dict(item, cameras=torch.from_numpy(clip_cameras(path)).float())
 
@@ -31,8 +34,9 @@ def make_cam_margin(**cam_score_kwargs):
     score = make_cam_score(**cam_score_kwargs)
 
     def cam_margin(videos, prompts, metadata):
+        opposite = [opposite_item(m) for m in metadata]  # first: an item of another world fails before any estimate
         s, details = score(videos, prompts, metadata)
-        o, _ = score(videos, prompts, [opposite_item(m) for m in metadata])
+        o, _ = score(videos, prompts, opposite)
         s, o = np.asarray(s, np.float32), np.asarray(o, np.float32)
         return s - o, dict(details, cam_score=s, cam_opposite=o)
 
