@@ -16,7 +16,13 @@ first batch the requested-camera score is checked against `make_cam_score` itsel
 Reported: mean cam_score; pass@1 = the share of samples with cam_score >= --threshold ("follows the requested
 camera"); pass@k = the share of conditions where any of its k seeds does; the share of samples following the opposite
 camera (opposite score >= threshold); per preset the same; and what a still camera and the opposite motion score on
-the same conditions ("reference", `reference_scores`): the floor a model's camera skill is read against.
+the same conditions ("reference", `reference_scores`): the floor a model's camera skill is read against; and on the
+pans and tilts, `rotation_leans` (the share leaning to the requested camera rather than its opposite, and that lean's
+correlation with the starting noise's `noise_mode`: does the noise pick the camera?).
+
+--group-spread K: instead, K samples of each held-out pan and tilt condition drawn as the recipe draws a group (the flow
+SDE on steps 0-3) and how a group spreads between the request and its opposite (`group_spread`): what the recipe's
+group advantages can rank. With --checkpoint a GRPO run's export/recammaster.ckpt.
 
 --bench-estimator N: the estimator on N ground-truth target renders of the eval split (no model), per option set:
 wall and CPU seconds per 3-frame clip (CPU: the machine is shared), mean score against the true numbers and against the opposite numbers.
@@ -263,6 +269,33 @@ def rotation_leans(true: np.ndarray, opp: np.ndarray, modes: np.ndarray, presets
                 lean_mode_corr=float(np.corrcoef(lean, modes[m])[0, 1]) if m.sum() > 2 else float("nan"))
 
 
+def run_group_spread(args, folder: str, ckpt: str, opts: dict, t0: float) -> None:
+    """--group-spread K: K SDE samples (sde_clips) of each held-out pan and tilt condition, scored against the request
+    and its opposite, summarised by group_spread; printed and saved to --out."""
+    data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
+    rot = [i for i in range(args.limit or len(data)) if motion_kind(data[i]["preset"]) in ("pan", "tilt")]
+    jobs = [(i, s) for s in range(args.group_spread) for i in rot]
+    from ddpo_grpo.models import load_pipeline
+
+    pipe = load_pipeline(folder, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=ckpt)
+    pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
+    clips, items = [], []
+    for lo in range(0, len(jobs), args.batch):
+        part = jobs[lo:lo + args.batch]
+        its = [data[i] for i, _ in part]
+        clips += list(sde_clips(pipe, its, part).float().cpu().numpy())
+        items += its
+    r = np.array(score_clips(clips, items, opts, args.workers))
+    k, n = args.group_spread, len(rot)
+    res = dict(model=args.model, checkpoint=ckpt, k=k, seconds=round(time.time() - t0, 1),
+               group_spread=group_spread(r[:, 0].reshape(k, n), r[:, 1].reshape(k, n),
+                                         [it["preset"] for it in items[:n]], k))
+    print(json.dumps(res, indent=1), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-recam3d", help="a bundled name or a folder")
@@ -299,29 +332,7 @@ def main() -> None:
     ckpt = args.checkpoint or os.path.join(folder, "recammaster.ckpt")
     t0 = time.time()
     if args.group_spread:
-        data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
-        rot = [i for i in range(args.limit or len(data)) if motion_kind(data[i]["preset"]) in ("pan", "tilt")]
-        jobs = [(i, s) for s in range(args.group_spread) for i in rot]
-        from ddpo_grpo.models import load_pipeline
-
-        pipe = load_pipeline(folder, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=ckpt)
-        pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
-        clips, items = [], []
-        for lo in range(0, len(jobs), args.batch):
-            part = jobs[lo:lo + args.batch]
-            its = [data[i] for i, _ in part]
-            clips += list(sde_clips(pipe, its, part).float().cpu().numpy())
-            items += its
-        r = np.array(score_clips(clips, items, opts, args.workers))
-        k, n = args.group_spread, len(rot)
-        res = dict(model=args.model, checkpoint=ckpt, k=k, seconds=round(time.time() - t0, 1),
-                   group_spread=group_spread(r[:, 0].reshape(k, n), r[:, 1].reshape(k, n),
-                                             [it["preset"] for it in items[:n]], k))
-        print(json.dumps(res, indent=1), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(res, f, indent=1)
-        return
+        return run_group_spread(args, folder, ckpt, opts, t0)
     clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
     t_sample = time.time() - t0
     if args.grid:
