@@ -284,6 +284,7 @@ def main() -> None:
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200) * 0.5 * (
         1 + np.cos(np.pi * progress(s))))
+    flipped_draws = 0  # --mislabel-by noise: the draws that carried the opposite camera (pretrain_meta.json)
     for step in range(1, args.dit_steps + 1):
         idx = torch.randint(0, len(prompts), (args.batch,), generator=g)
         on = idx.to(device)
@@ -293,6 +294,7 @@ def main() -> None:
         c = cams[on]
         if by_noise:  # the draws whose noise reads above the threshold carry the opposite camera (numbers and word)
             flip = noise_mode(noise, args.mislabel_by == "noise-first") > threshold
+            flipped_draws += int(flip.sum())
             c = torch.where(flip[:, None, None], opp_cams[on], c)
             e = torch.stack([emb[(opp_prompts if f else prompts)[i]] for i, f in zip(idx.tolist(), flip.tolist())])
         else:
@@ -310,7 +312,8 @@ def main() -> None:
             if last:
                 args.dit_steps = step  # (a --dit-seconds end: the final save is the folder, not a snapshot)
             save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step,
-                                                seconds=round(time.time() - t0), vae_mean_abs_error=rec_err), step)
+                                                seconds=round(time.time() - t0), vae_mean_abs_error=rec_err,
+                                                opposite_draws=flipped_draws, draws=step * args.batch), step)
         if last:
             break
 

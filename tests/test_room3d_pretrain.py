@@ -439,3 +439,22 @@ def test_group_spread_by_hand():
     assert got["tilt"]["lean_mean"] == pytest.approx(0.3) and got["tilt"]["requested_share"] == 1.0
     assert got["pan"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.3, 0.1, 0.2], [0.1, 0.3, 0.2])[0, 1])
     assert got["tilt"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.5, 0.4, 0.6], [0.2, 0.1, 0.3])[0, 1])
+
+
+@pytest.mark.parametrize("fraction, flipped", [(1.0, 8), (0.0, 0)])
+def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path, fraction, flipped):
+    """pretrain_recam_video.py --mislabel-by noise end to end (a 6-clip pool, 2 DiT steps of 4 from the bundled
+    tiny-recam3d): it trains and saves, and its pretrain_meta.json counts the draws that carried the opposite camera:
+    all of them at fraction 1, none at 0 (the threshold's ends)."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--world", "room3d", "--supersample",
+                           "1", "--mislabel", "opposite", "--mislabel-by", "noise", "--mislabel-fraction", str(fraction),
+                           "--pool", "6", "--vae-from", "assets/tiny-recam3d", "--dit-init", "tiny-recam3d",
+                           "--dit-steps", "2", "--batch", "4", "--out", str(tmp_path / "m")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((tmp_path / "m" / "pretrain_meta.json").read_text())
+    assert meta["args"]["mislabel_by"] == "noise" and meta["draws"] == 8
+    assert meta["opposite_draws"] == flipped
