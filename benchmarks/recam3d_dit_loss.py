@@ -57,11 +57,11 @@ def mode_gain(den, vae, embed, clips, opposite, fraction: float, first_frame: bo
         et, eo = embed(prompts), embed(oprompts)
         cams, ocams = cams.float(), ocams.float()
         noises = torch.randn(draws, *lt.shape, generator=g)
+        flips = [noise_mode(noise, first_frame) > thr for noise in noises]  # the coupling of each draw: per noise only
         out = {}
         for sig in MODE_SIGMAS:
             pairs = []
-            for noise in noises:
-                flip = noise_mode(noise, first_frame) > thr
+            for noise, flip in zip(noises, flips):
                 loss = []
                 for want in (flip, ~flip):
                     c, e = torch.where(want[:, None, None], ocams, cams), torch.where(want[:, None, None], eo, et)

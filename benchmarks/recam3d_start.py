@@ -48,7 +48,8 @@ from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 from ddpo_grpo.worlds.room3d.estimator import make_exact_estimator  # noqa: E402
 from benchmarks.pretrain_pools import noise_mode  # noqa: E402
-from ddpo_grpo.worlds.room3d.paths import clip_cameras, motion_kind, opposite_motion  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import motion_kind  # noqa: E402
+from ddpo_grpo.worlds.room3d.reward import opposite_cameras  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, STEPS = 9, 32, 48, 10
 LATENT = [0, 4, 8]
@@ -71,22 +72,16 @@ OPTION_SETS = [
 ]
 
 
-def opposite_numbers(item) -> np.ndarray:
-    """(F', 12) camera numbers of the opposite of the item's target path."""
-    path, _ = opposite_motion(np.asarray(item["target_path"], np.float64), item["preset"])
-    return clip_cameras(path)
-
-
 def reference_scores(items) -> dict:
     """What two cameras a model needs no skill for score on these items, by cam_score's own per-clip rule: a STILL
-    camera (the source view held: every latent frame the identity) and the OPPOSITE motion exactly (`opposite_numbers`).
+    camera (the source view held: every latent frame the identity) and the OPPOSITE motion exactly (`opposite_cameras`).
     A model's figures read against them: at the still camera's score it shows no camera skill on average, below it it
     leans to the opposite. Returns {"still": mean, "opposite": mean, "per_preset": {preset: {"still", "opposite"}}}."""
     ps, rows = PoseScore(), []
     for it in items:
         req = requested_path(it["cameras"], 0, FRAMES)
         still = ps.clip(np.broadcast_to(np.eye(4), req.shape), req)
-        rows.append((it["preset"], still, ps.clip(requested_path(opposite_numbers(it), 0, FRAMES), req)))
+        rows.append((it["preset"], still, ps.clip(requested_path(opposite_cameras(it), 0, FRAMES), req)))
     per = {p: dict(still=float(np.mean([a for q, a, _ in rows if q == p])),
                    opposite=float(np.mean([b for q, _, b in rows if q == p]))) for p in sorted({r[0] for r in rows})}
     return dict(still=float(np.mean([r[1] for r in rows])), opposite=float(np.mean([r[2] for r in rows])),
@@ -134,7 +129,7 @@ def nanmedian(x) -> float:
 
 
 def score_clips(clips, items, opts, workers):
-    jobs = [(clips[b], K_of(it), int(it["scene_seed"]), np.asarray(it["cameras"], np.float64), opposite_numbers(it),
+    jobs = [(clips[b], K_of(it), int(it["scene_seed"]), np.asarray(it["cameras"], np.float64), opposite_cameras(it),
              opts) for b, it in enumerate(items)]
     if workers > 1:
         import multiprocessing as mp
@@ -197,21 +192,6 @@ def save_grid(clips, items, path: str, scale: int = 2) -> None:
     print(f"saved {path}: rows {[it['preset'] for it in items]}", flush=True)
 
 
-@torch.no_grad()
-def sde_clips(pipe, items, part, window: int = 4, noise_level: float = 0.7) -> torch.Tensor:
-    """As recam_heldout.sample_clips (the noise of job (condition i, draw s) seeded by 1000 s + i) but sampled as the
-    recipe samples a group: the flow SDE at `noise_level` on the first `window` steps, the ODE after. (B, F, 3, H, W)."""
-    from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
-    from ddpo_grpo.core.policy_step import SamplerSettings
-
-    cond = pipe.adapter.condition_channels(pipe, items, "cpu")
-    emb = torch.cat([pipe.encode([it["prompt"]]) for it in items])
-    gens = [torch.Generator().manual_seed(1000 * s + i) for i, s in part]
-    return pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow", noise_level=noise_level),
-                                 emb, None, num_inference_steps=STEPS, sample_shape=pipe.sample_shape, generator=gens,
-                                 vae=pipe.vae, sde_window=(0, window), cond_channels=cond).images
-
-
 def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
     """Per motion kind (pans, tilts), over its conditions' groups of k SDE samples (true, opp: (k, n_cond) scores
     against the requested camera and its opposite): the group's mean lean (true - opposite), its spread (std over the
@@ -236,7 +216,11 @@ def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
 
 
 @torch.no_grad()
-def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout"):
+def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout", kinds=(),
+           sde_window: int = 0):
+    """(clips, items, jobs (condition, seed), the jobs' starting-noise modes) of the held-out conditions (the first
+    `limit`; only those of `kinds` when given) x seeds, sampled by recam_heldout.sample_clips (deterministic, or the
+    recipe's SDE window)."""
     from benchmarks.recam_heldout import sample_clips
     from ddpo_grpo.models import load_pipeline
 
@@ -244,12 +228,13 @@ def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms
     pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
     data = (PretrainRooms if rooms == "pretrain" else Room3DConditions)("eval", num_frames=FRAMES, height=HEIGHT,
                                                                         width=WIDTH)
-    jobs = [(i, s) for s in seeds for i in range(limit or len(data))]
+    conds = [i for i in range(limit or len(data)) if not kinds or motion_kind(data[i]["preset"]) in kinds]
+    jobs = [(i, s) for s in seeds for i in conds]
     clips, items = [], []
     for lo in range(0, len(jobs), batch):
         part = jobs[lo:lo + batch]
         its = [data[i] for i, _ in part]
-        clips += list(sample_clips(pipe, its, part, STEPS).float().cpu().numpy())
+        clips += list(sample_clips(pipe, its, part, STEPS, sde_window).float().cpu().numpy())
         items += its
         print(f"sampled {len(clips)}/{len(jobs)}", flush=True)
     # each job's starting noise as sample_clips draws it, read by noise_mode (what --mislabel-by noise ties a camera to)
@@ -270,23 +255,13 @@ def rotation_leans(true: np.ndarray, opp: np.ndarray, modes: np.ndarray, presets
 
 
 def run_group_spread(args, folder: str, ckpt: str, opts: dict, t0: float) -> None:
-    """--group-spread K: K SDE samples (sde_clips) of each held-out pan and tilt condition, scored against the request
-    and its opposite, summarised by group_spread; printed and saved to --out."""
-    data = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
-    rot = [i for i in range(args.limit or len(data)) if motion_kind(data[i]["preset"]) in ("pan", "tilt")]
-    jobs = [(i, s) for s in range(args.group_spread) for i in rot]
-    from ddpo_grpo.models import load_pipeline
-
-    pipe = load_pipeline(folder, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=ckpt)
-    pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
-    clips, items = [], []
-    for lo in range(0, len(jobs), args.batch):
-        part = jobs[lo:lo + args.batch]
-        its = [data[i] for i, _ in part]
-        clips += list(sde_clips(pipe, its, part).float().cpu().numpy())
-        items += its
+    """--group-spread K: K samples of each held-out pan and tilt condition drawn as the recipe draws a group (sample's
+    SDE window of 4), scored against the request and its opposite, summarised by group_spread; printed and saved to
+    --out."""
+    k = args.group_spread
+    clips, items, _, _ = sample(folder, ckpt, range(k), args.batch, args.limit, kinds=("pan", "tilt"), sde_window=4)
     r = np.array(score_clips(clips, items, opts, args.workers))
-    k, n = args.group_spread, len(rot)
+    n = len(items) // k
     res = dict(model=args.model, checkpoint=ckpt, k=k, seconds=round(time.time() - t0, 1),
                group_spread=group_spread(r[:, 0].reshape(k, n), r[:, 1].reshape(k, n),
                                          [it["preset"] for it in items[:n]], k))

@@ -45,15 +45,18 @@ FOLLOW_FRAMES = (4, 8)  # the frames whose estimated motion is regressed on the 
 
 
 @torch.no_grad()
-def sample_clips(pipe, items, part, steps: int = STEPS) -> torch.Tensor:
+def sample_clips(pipe, items, part, steps: int = STEPS, sde_window: int = 0) -> torch.Tensor:
     """Deterministic clips (B, F, 3, H, W) of a loaded ReCamMaster pipeline for condition items, the noise of job
-    (condition i, seed s) seeded by 1000 s + i: the held-out sampling both recam benchmarks share."""
+    (condition i, seed s) seeded by 1000 s + i: the held-out sampling both recam benchmarks share. sde_window w > 0:
+    sampled instead as the recipe samples a group (the flow SDE on steps 0 .. w-1, its noise level 0.7, the ODE
+    after)."""
     cond = pipe.adapter.condition_channels(pipe, items, "cpu")
     emb = torch.cat([pipe.encode([it["prompt"]]) for it in items])
     gens = [torch.Generator().manual_seed(1000 * s + i) for i, s in part]
     return pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="flow"), emb, None,
                                  num_inference_steps=steps, sample_shape=pipe.sample_shape, generator=gens,
-                                 vae=pipe.vae, deterministic=True, cond_channels=cond).images
+                                 vae=pipe.vae, deterministic=not sde_window,
+                                 sde_window=(0, sde_window) if sde_window else None, cond_channels=cond).images
 
 
 @torch.no_grad()

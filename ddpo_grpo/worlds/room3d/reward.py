@@ -17,14 +17,20 @@ from ..recam.cam_score import make_cam_score
 from .paths import clip_cameras, opposite_motion
 
 
-def opposite_item(item: dict) -> dict:
-    """The condition item with its "cameras" (F', 12) replaced by the opposite motion's numbers (needs the item's
-    "target_path" (F, 4, 4) and "preset" name, as Room3DConditions gives them)."""
+def opposite_cameras(item: dict) -> np.ndarray:
+    """(F', 12) float64 camera numbers of the OPPOSITE of a room3d item's target path (needs the item's "target_path"
+    (F, 4, 4) and "preset" name, as Room3DConditions gives them): cam_margin's second request, and what
+    benchmarks/recam3d_start.py scores every clip against."""
     if not isinstance(item, dict) or "target_path" not in item or "preset" not in item:
         raise ValueError("cam_margin scores room3d clips: each item needs its 'target_path' and 'preset' "
                          "(data.name=room3d)")
     path, _ = opposite_motion(np.asarray(item["target_path"], np.float64), item["preset"])
-    return dict(item, cameras=torch.from_numpy(clip_cameras(path)).float())
+    return clip_cameras(path)
+
+
+def opposite_item(item: dict) -> dict:
+    """The condition item with its "cameras" (F', 12) replaced by the opposite motion's numbers (opposite_cameras)."""
+    return dict(item, cameras=torch.from_numpy(opposite_cameras(item)).float())
 
 
 def make_cam_margin(**cam_score_kwargs):
