@@ -78,7 +78,7 @@ def scores(model: str, checkpoint: str, seeds, batch: int = 32, gains=None):
         n0 = len(est)
         out.append(np.asarray(s, dtype=np.float64))
         acc.append(np.asarray(details["cam_score_accuracy"], dtype=np.float64))
-        clips = traj.images.float().cpu().numpy()
+        clips = images.float().cpu().numpy()
         for b, it in enumerate(items):  # every frame's estimated motion (views are 32 px: no rescale)
             src = np.asarray(it["source_video"], dtype=np.float64)
             est.append([estimate_moments(src[f], clips[b, f]) or (np.nan,) * 3 for f in range(FRAMES)])
