@@ -1,0 +1,188 @@
+"""The readings benchmarks/ makes of a room3d model (issue 59): recam3d_dit_loss's camera gain and mode gain,
+recam3d_start's motion shown, reference scores, rotation leans and group spread, recam3d_dit_position's probe and
+recam3d_from_target's ODE, each against values computed by hand."""
+import numpy as np
+import pytest
+
+from ddpo_grpo.worlds.room3d.paths import preset_path
+
+
+def test_dit_loss_camera_gain_by_kind_by_hand():
+    """benchmarks/recam3d_dit_loss.py's per-kind camera gain: shuffled - true moved-frame loss over the rows at the top
+    noise level whose item is of that kind (row r * N + i is item i), the opposite's word keeping the kind."""
+    from benchmarks.recam3d_dit_loss import camera_word, gain_by_kind
+
+    assert camera_word("a room with a red box, camera pan left") == "pan"
+    assert camera_word("a room with a camera box, camera zoom out") == "zoom"  # the last "camera " is the label's
+    prompts = ["r, camera pan left", "r, camera zoom in", "r, camera pan right"]
+    # 2 draws x 3 items: (sigma, whole-clip loss, moved-frame loss)
+    true = np.array([[0.9, 0, 0.5], [0.9, 0, 0.7], [0.2, 0, 0.1], [0.95, 0, 0.6], [0.5, 0, 0.3], [0.86, 0, 0.2]])
+    shuf = np.array([[0.9, 0, 0.9], [0.9, 0, 0.8], [0.2, 0, 9.0], [0.95, 0, 1.0], [0.5, 0, 9.0], [0.86, 0, 0.6]])
+    got = gain_by_kind(true, shuf, prompts, 0.85)
+    # pan: rows 0, 3, 5 (items 0, 0, 2) -> (0.4 + 0.4 + 0.4) / 3; zoom: row 1 only (row 4 is below 0.85)
+    assert set(got) == {"pan", "zoom"}
+    assert got["pan"]["n"] == 3 and got["zoom"]["n"] == 1
+    assert got["pan"]["gain"] == pytest.approx(0.4) and got["zoom"]["gain"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("cam_type", [1, 3, 5, 7, 9])
+def test_motion_shown_reads_the_share_of_the_requested_motion(cam_type):
+    """benchmarks/recam3d_start.py's motion_shown on ReCamMaster's presets: the path itself shows all of its motion,
+    the half-amplitude path half (angle and metres scale exactly), a still camera none; a part the preset does not have
+    (a pan's translation, a dolly's rotation) is NaN, as is a failed estimate."""
+    from benchmarks.recam3d_start import motion_shown
+    from ddpo_grpo.worlds.room3d.paths import clip_cameras, static_path
+    from ddpo_grpo.worlds.recam.pose_reward import requested_path
+
+    def poses(path):
+        return requested_path(clip_cameras(path), 0, 9)
+
+    req = poses(preset_path(cam_type, 9))
+    full, half, still = (motion_shown(poses(p), req) for p in
+                         (preset_path(cam_type, 9), preset_path(cam_type, 9, amplitude=0.5), static_path(9)))
+    has_t = np.linalg.norm(req[-1][:3, 3]) >= 0.1
+    has_r = cam_type in (1, 3, 7, 9)  # pans, tilts, the translations' facing turn, arcs; the dolly (5) only moves
+    for got, want in ((full, 1.0), (half, 0.5), (still, 0.0)):
+        assert np.isnan(got[0]) != has_t and np.isnan(got[1]) != has_r
+        for v, on in zip(got, (has_t, has_r)):
+            if on:
+                assert v == pytest.approx(want, abs=1e-6)
+    failed = req.copy()
+    failed[1:] = np.nan
+    assert all(np.isnan(motion_shown(failed, req)))
+
+
+def test_position_probe_reads_a_known_place_and_not_noise():
+    """benchmarks/recam3d_dit_position.py's probe: tokens whose features hold their (row, column) linearly (mixed into 16
+    dimensions, plus a little noise) give R^2 near 1 on held-out rows; features that are noise give R^2 near 0. The
+    grid lists tokens frame-major, row-major within a frame, as Wan's patch embedding flattens them."""
+    from benchmarks.recam3d_dit_position import probe_r2, token_grid
+
+    pos, frame = token_grid(3, 4, 6)
+    assert pos.shape == (72, 2) and frame.shape == (72,)
+    np.testing.assert_array_equal(pos[:7], [[0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [1, 0]])
+    assert frame[23] == 0 and frame[24] == 1 and (pos[24:48] == pos[:24]).all()
+    rng = np.random.default_rng(0)
+    Y = np.tile(pos, (40, 1))
+    placed = Y @ rng.normal(size=(2, 16)) + 0.05 * rng.normal(size=(len(Y), 16))
+    assert (probe_r2(placed, Y, 30 * 72) > 0.99).all()
+    assert (np.abs(probe_r2(rng.normal(size=(len(Y), 16)), Y, 30 * 72)) < 0.05).all()
+
+
+@pytest.mark.parametrize("s0", [0.0, 0.37, 0.6, 1.0])
+def test_from_target_ode_returns_the_target_under_the_true_velocity(s0):
+    """benchmarks/recam3d_from_target.py: with the exact velocity of the straight flow path (noise - x0) every Euler
+    step lands on (1 - s) x0 + s noise, so the ODE from any s0 returns x0, visiting s0 then the grid's points below
+    it; s0 = 0 is x0 untouched. The grid is the sampler's: 1 -> 0, shifted towards noise (flow_shift 3: 0.5 -> 0.75)."""
+    import torch
+
+    from benchmarks.recam3d_from_target import flow_grid, ode_from
+
+    grid = flow_grid(10, 3.0)
+    assert grid[0] == 1.0 and grid[-1] == 0.0 and (np.diff(grid) < 0).all()
+    assert abs(grid[5] - 0.75) < 1e-12
+    np.testing.assert_allclose(flow_grid(4, 1.0), [1.0, 0.75, 0.5, 0.25, 0.0])
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(2, 8, 3, 4, 6, generator=g, dtype=torch.float64), torch.randn(2, 8, 3, 4, 6, generator=g,
+                                                                                           dtype=torch.float64)
+    seen = []
+
+    def velocity(x, sigma):
+        seen.append(sigma)
+        torch.testing.assert_close(x, (1 - sigma) * x0 + sigma * noise)  # on the path at every step
+        return noise - x0
+
+    torch.testing.assert_close(ode_from(velocity, x0, noise, s0, grid), x0)
+    assert seen == ([s0] if s0 > 0 else []) + [float(s) for s in grid if 0 < s < s0]
+
+
+def test_reference_scores_of_a_still_camera_and_the_opposite_motion_by_hand():
+    """benchmarks/recam3d_start.py's reference_scores on the held-out presets: a pan or tilt held still is off by the
+    preset's own turn at each latent frame, the opposite motion by twice it (float64 angles of the path's rotations,
+    cam_score's exp(-deg / 10)); a translating preset held still scores ~0 (its direction term is exp(-90 / 20))."""
+    from benchmarks.recam3d_start import reference_scores
+    from ddpo_grpo.worlds.room3d import Room3DConditions
+
+    items = [Room3DConditions("eval", seed=0)[k] for k in range(10)]
+    ref = reference_scores(items)
+    for it in items:
+        path = it["target_path"].astype(np.float64)[[4, 8]]
+        turn = np.degrees(np.arccos(np.clip((np.trace(path[:, :3, :3], axis1=1, axis2=2) - 1) / 2, -1, 1)))
+        got = ref["per_preset"][it["preset"]]
+        if it["preset"].split()[0] in ("pan", "tilt"):
+            assert got["still"] == pytest.approx(np.exp(-turn / 10).mean(), abs=2e-5)  # float32 numbers
+            assert got["opposite"] == pytest.approx(np.exp(-2 * turn / 10).mean(), abs=2e-5)
+        else:
+            assert got["still"] < 0.01 and got["opposite"] < 0.01
+    assert ref["still"] == pytest.approx(np.mean([v["still"] for v in ref["per_preset"].values()]), abs=1e-12)
+    assert 0.14 < ref["still"] < 0.16 and ref["opposite"] < ref["still"]
+
+
+def test_rotation_leans_by_hand():
+    """recam3d_start.rotation_leans: on the pans and tilts only, the share of samples scoring higher against the
+    requested camera than its opposite, and the Pearson correlation of that lean with the starting noise's mode
+    (float64 by hand); a zoom's sample is left out whatever it scores."""
+    from benchmarks.recam3d_start import rotation_leans
+
+    true = np.array([0.4, 0.1, 0.3, 0.05, 0.9, 0.2])
+    opp = np.array([0.1, 0.4, 0.05, 0.3, 0.0, 0.3])
+    modes = np.array([-1.0, 1.0, -0.5, 2.0, 5.0, 0.3])
+    presets = ["pan left", "tilt up", "pan right", "tilt down", "zoom in", "pan left"]
+    got = rotation_leans(true, opp, modes, presets)
+    lean, mo = np.array([0.3, -0.3, 0.25, -0.25, -0.1]), np.array([-1.0, 1.0, -0.5, 2.0, 0.3])
+    lc, mc = lean - lean.mean(), mo - mo.mean()
+    assert got["n"] == 5 and got["requested_share"] == pytest.approx(2 / 5)
+    assert got["lean_mode_corr"] == pytest.approx((lc * mc).sum() / np.sqrt((lc ** 2).sum() * (mc ** 2).sum()))
+
+
+def test_mode_gain_pairs_the_two_labels_on_the_same_clip_and_noise():
+    """recam3d_dit_loss.mode_gain: the coupled and the other label are scored on the same clips, noises and levels,
+    so a DiT that reads neither the camera numbers nor the prompt (camera layers at their zero start, one embedding
+    for every prompt) has gain 0 at every level; the losses are finite and positive."""
+    import torch
+
+    from benchmarks.pretrain_recam_video import build_parts
+    from benchmarks.recam3d_dit_loss import MODE_SIGMAS, mode_gain
+    from ddpo_grpo.models.recam import RecamDenoiser, add_camera_layers
+
+    torch.manual_seed(0)
+    parts = build_parts(0)
+    den = RecamDenoiser(add_camera_layers(parts["transformer"])).eval()
+    g = torch.Generator().manual_seed(3)
+    n = 4
+    clips = (torch.rand(n, 5, 3, 16, 24, generator=g), torch.rand(n, 5, 3, 16, 24, generator=g),
+             torch.randn(n, 2, 12, generator=g), [f"p{i}" for i in range(n)])
+    opposite = (torch.randn(n, 2, 12, generator=g), [f"q{i}" for i in range(n)])
+    emb = torch.randn(1, 8, 32, generator=g)
+    got = mode_gain(den, parts["vae"].eval(), lambda prompts: emb.expand(len(prompts), -1, -1), clips, opposite,
+                    0.5, False, 2, torch.Generator().manual_seed(0))
+    assert sorted(got) == sorted(str(s) for s in MODE_SIGMAS)
+    for v in got.values():
+        assert v["coupled"] > 0 and np.isfinite(v["coupled"])
+        assert abs(v["gain"]) < 1e-6 and v["other"] == pytest.approx(v["coupled"], rel=1e-5)
+    # a DiT that reads the prompt: the two labels now differ somewhere (the gain is not 0 by construction)
+    table = {p: torch.randn(8, 32, generator=g) for p in clips[3] + opposite[1]}
+    read = mode_gain(den, parts["vae"].eval(), lambda prompts: torch.stack([table[p] for p in prompts]), clips,
+                     opposite, 0.5, False, 2, torch.Generator().manual_seed(0))
+    assert max(abs(v["gain"]) for v in read.values()) > 1e-4
+
+
+def test_group_spread_by_hand():
+    """recam3d_start.group_spread: per kind, over each condition's group of k samples, the mean lean (true -
+    opposite), its spread (std over the group, mean over conditions), the share leaning to the requested camera and
+    the reward's own spread (float64 by hand); a zoom's group is left out."""
+    from benchmarks.recam3d_start import group_spread
+
+    true = np.array([[0.3, 0.5, 0.0], [0.1, 0.4, 0.9], [0.2, 0.6, 0.1]])  # (k 3, conditions 3)
+    opp = np.array([[0.1, 0.2, 0.0], [0.3, 0.1, 0.0], [0.2, 0.3, 0.0]])
+    got = group_spread(true, opp, ["pan left", "tilt up", "zoom in"], 3)
+    assert sorted(got) == ["pan", "tilt"]
+    pan = np.array([0.2, -0.2, 0.0])
+    assert got["pan"]["lean_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert got["pan"]["lean_spread"] == pytest.approx(np.sqrt((pan ** 2).sum() / 2))
+    assert got["pan"]["requested_share"] == pytest.approx(1 / 3)
+    assert got["pan"]["reward_mean"] == pytest.approx(0.2)
+    assert got["pan"]["reward_spread"] == pytest.approx(np.std([0.3, 0.1, 0.2], ddof=1))
+    assert got["tilt"]["lean_mean"] == pytest.approx(0.3) and got["tilt"]["requested_share"] == 1.0
+    assert got["pan"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.3, 0.1, 0.2], [0.1, 0.3, 0.2])[0, 1])
+    assert got["tilt"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.5, 0.4, 0.6], [0.2, 0.1, 0.3])[0, 1])
