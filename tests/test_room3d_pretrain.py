@@ -1,5 +1,6 @@
-"""paths.opposite_motion: the camera error of tiny-recam3d's pretraining data (issue 59 part 2), and the pretraining
-script's device path (scripts/gpu_recam3d.sh)."""
+"""paths.opposite_motion: the camera error of tiny-recam3d's pretraining data (issue 59 part 2), the pretraining pools
+and their labels (by item or by noise), and the pretraining script: its options, its DiT patch, its device path
+(scripts/gpu_recam3d.sh). The benchmarks' readings of a model are in test_room3d_readings.py."""
 import os
 import sys
 
