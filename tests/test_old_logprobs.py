@@ -15,27 +15,17 @@ import ml_collections
 import numpy as np
 import pytest
 import torch
-from accelerate import Accelerator
 
 from ddpo_grpo.core.branching import BranchSpec
-from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob
 from ddpo_grpo.core.policy_step import SamplerSettings
 from ddpo_grpo.errors import ConfigError, VerificationError
-from ddpo_grpo.trainer.epoch.advantages import EpochAdvantages
-from ddpo_grpo.trainer.run.build import RunState, lr_factor
 from ddpo_grpo.trainer.epoch.rescoring import (check_old_logprobs_config, old_logprobs_counts, old_logprobs_source,
                                                sampler_gap, settings_mismatch, truncated_is_weight, worst_gap)
-from ddpo_grpo.trainer.epoch.sampling import (EpochSamples, TrainingCallShape, active_dropout, sampler_call_rows,
-                                              sampler_settings)
+from ddpo_grpo.trainer.epoch.sampling import TrainingCallShape, active_dropout, sampler_call_rows
 from ddpo_grpo.trainer.epoch.training import train_epoch
 
-from helpers import cpu_env, ddim_scheduler, flow_scheduler, tiny_unet
-
-N, T = 8, 4
-# The row-count fault: output + SHIFT_PER_ROW * rows of the call. Its sampler gap (1.4e-4 flow .. 3.5e-3 DDIM) lies
-# where the GPU's did (H100 bf16: 3.2e-5 .. 4.8e-3): above the bf16 on-policy tolerance (clip_range / 2 = 5e-5) and
-# below the bf16 sampler-gap tolerance (2e-2).
-SHIFT_PER_ROW = 1e-4
+from helpers import cpu_env, tiny_unet
+from rowcount import make_ctx, make_samples  # the row-count fault's context (SHIFT_PER_ROW: why its size)
 
 
 @pytest.fixture
@@ -44,63 +34,6 @@ def gpu_regime(monkeypatch):
     import ddpo_grpo.trainer.checks.verification as verification
 
     monkeypatch.setattr(verification, "run_precision", lambda acc: (torch.bfloat16, False))
-
-
-class RowCountDenoiser(torch.nn.Module):
-    """The tiny UNet plus SHIFT_PER_ROW x (rows in this call): scored in the sampler's batch (8 samples, CFG: 16 rows)
-    and in a training call of 4 (8 rows), one transition gets two log-probs, as per-shape GPU kernels give it."""
-
-    def __init__(self, fault: float = SHIFT_PER_ROW):
-        super().__init__()
-        self.inner, self.fault = tiny_unet(), fault
-
-    def forward(self, x, t, encoder_hidden_states=None):
-        out = self.inner(x, t, encoder_hidden_states=encoder_hidden_states).sample
-        return types.SimpleNamespace(sample=out + self.fault * x.shape[0])
-
-
-def make_ctx(family="ddim", old_logprobs="rescore", lr=0.0, inner=1, fault=SHIFT_PER_ROW, cap=0.0, cfg=True,
-             onpolicy_check="stop", verify_every=10):
-    cfg = ml_collections.ConfigDict(dict(
-        seed=0,
-        sample=dict(guidance_scale=2.0, eta=1.0, noise_level=0.7, sde_type="sde"),
-        train=dict(cfg=cfg, onpolicy_check=onpolicy_check, old_logprobs=old_logprobs, sampler_is_cap=cap, batch_size=4,
-                   timestep_fraction=1.0, timesteps_per_call=1, num_inner_epochs=inner, gradient_accumulation_steps=1,
-                   max_grad_norm=1.0, clip_range=1e-4, clip_range_high=-1.0, adv_clip_max=5.0, beta=0.0,
-                   kl_type="gaussian", old_logprobs_verify_every=verify_every, objective="grpo"),
-    ))
-    unet = RowCountDenoiser(fault)
-    unet.requires_grad_(True)
-    opt = torch.optim.AdamW(unet.parameters(), lr=lr)
-    state = RunState()
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor("constant", 0, 1, state))
-    pipe = types.SimpleNamespace(scheduler=ddim_scheduler() if family == "ddim" else flow_scheduler(), family=family)
-    return types.SimpleNamespace(config=cfg, accelerator=Accelerator(cpu=True), unet=unet, optimizer=opt,
-                                 lr_scheduler=sched, reference=None, supervised=None, state=state, pipe=pipe, tree=None)
-
-
-def make_samples(ctx, branch=None, call_rows=0, seed=0):
-    """N samples in one sampling batch (CFG: 2N rows per call), or in calls of call_rows samples laid out as the
-    training calls are (sample_epoch's TrainingCallShape); the denoiser in train mode, as sample_epoch runs it."""
-    g = torch.Generator().manual_seed(seed)
-    emb, neg = torch.randn(N, 5, 8, generator=g), torch.randn(N, 5, 8, generator=g)
-    settings = sampler_settings(ctx.config, ctx.pipe.family)
-    ctx.unet.train()
-    denoiser = TrainingCallShape(ctx.unet, call_rows, True) if call_rows else ctx.unet
-    with torch.no_grad():
-        traj = pipeline_with_logprob(denoiser, ctx.pipe.scheduler, settings, emb, neg, num_inference_steps=T,
-                                     sample_shape=(3, 8, 8), generator=g, branch=branch)
-    samples = EpochSamples(traj.latents, traj.log_probs, traj.timesteps, traj.step_indices, emb, neg, traj.images,
-                           torch.arange(N) // 4, [""] * N, [{}] * N, transitions=traj.transitions, settings=settings,
-                           call_rows=call_rows)
-    if branch is None:
-        adv = EpochAdvantages(torch.tensor([1.0, -1.0, 0.5, -0.5] * 2), torch.ones(N, dtype=torch.bool),
-                              None, None, None, None, 0, 0)
-    else:  # one advantage per owner cell (every cell of a tree's structure trained once)
-        cells = torch.from_numpy(branch.owner_cells(N))
-        a = torch.linspace(-1, 1, cells.numel()).reshape(cells.shape) * cells
-        adv = EpochAdvantages(a, torch.ones(N, dtype=torch.bool), None, None, None, None, 0, 0, cell_mask=cells)
-    return samples, adv
 
 
 @pytest.mark.parametrize("family", ["ddim", "flow"])
@@ -209,53 +142,6 @@ def test_auto_decides_from_the_runs_verifications_and_bad_values_are_one_line():
         cfg.train.old_logprobs_verify_every = bad
         with pytest.raises(ConfigError, match="train.old_logprobs_verify_every=.* must be an integer >= 0"):
             check_old_logprobs_config(cfg)
-
-
-def test_step_weights_are_std_to_the_power_normalised_over_the_trained_steps():
-    """update.step_weights by hand: std (0.5, 0.25, 0, 1) with steps 0, 1, 3 trained, p = 2: std^2 = (0.25, 0.0625,
-    -, 1), mean 0.4375 over the trained steps; p = 1 likewise; an untrained step weighs 0; p = 0 or no stds: None."""
-    from ddpo_grpo.trainer.epoch.update import step_weights
-
-    samples = types.SimpleNamespace(step_std=torch.tensor([0.5, 0.25, 0.0, 1.0]))
-    cfg = ml_collections.ConfigDict(dict(train=dict(step_weight_power=2.0)))
-    w = step_weights(samples, cfg, torch.tensor([0, 1, 3]))
-    assert w.tolist() == pytest.approx([0.25 / 0.4375, 0.0625 / 0.4375, 0.0, 1.0 / 0.4375], rel=1e-6)
-    cfg.train.step_weight_power = 1.0  # std: (0.5, 0.25, -, 1), mean 7/12
-    assert step_weights(samples, cfg, torch.tensor([0, 1, 3])).tolist() == pytest.approx(
-        [6 / 7, 3 / 7, 0.0, 12 / 7], rel=1e-6)
-    cfg.train.step_weight_power = 0.0
-    assert step_weights(samples, cfg, torch.tensor([0, 1, 3])) is None
-    cfg.train.step_weight_power = 2.0
-    assert step_weights(types.SimpleNamespace(step_std=None), cfg, torch.tensor([0])) is None
-
-
-def test_step_weights_reach_every_trained_transition_once(monkeypatch):
-    """train.step_weight_power through train_epoch: the loss of every call gets each row's step factor, so over an
-    epoch (timestep_fraction 1: every sample at every trained step once) the weights the loss saw are exactly
-    step_weights' values, each N times. Fails if the factors are not passed, or reach the wrong rows' count."""
-    import ddpo_grpo.trainer.epoch.training as training
-    from ddpo_grpo.trainer.epoch.update import step_weights
-
-    seen = []
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["weights"].detach().clone())
-        return real(*args, **kwargs)
-
-    real = training.grpo_loss
-    monkeypatch.setattr(training, "grpo_loss", spy)
-    ctx = make_ctx("flow", old_logprobs="rescore", fault=0.0)
-    ctx.config.train.step_weight_power = 2.0
-    ctx.config.train.min_step_std = 0.0
-    samples, adv = make_samples(ctx)
-    samples.step_std = torch.tensor([0.7, 0.6, 0.5, 0.4])
-    expect = step_weights(samples, ctx.config, torch.arange(T))
-    m = train_epoch(ctx, samples, adv, epoch=0)
-    got = torch.cat(seen)
-    assert got.numel() == N * T and m["onpolicy_ratio_max_dev"] == 0.0
-    for t in range(T):
-        assert int(torch.isclose(got, expect[t]).sum()) == N, t
-    assert expect.mean().item() == pytest.approx(1.0) and not torch.allclose(expect, torch.ones(T))
 
 
 def run_epochs(ctx, epochs, call_rows=0, **kw):
