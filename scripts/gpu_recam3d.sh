@@ -11,8 +11,10 @@
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
 # folder, 4.6 MB, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
 # DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default: train on the bundled DiT; e.g.
-# "--dit-patch 1" for a fresh one with 4x the tokens, the next variant since the bundled DiT's camera gain stopped
-# growing on the CPU; "--dit-layers 8" for a deeper one), WORKERS (the estimator's processes, 12). Then here:
+# "--dit-layers 8" for a fresh 8-block one, the next variant: on the CPU it learnt the camera fastest per step, a
+# camera gain of 0.36 in 14,761 steps where 4 blocks took 33,836 to reach 0.37; "--dit-patch 1", 4x the tokens, had
+# learnt almost none of it by 3,000 steps: docs/recam.md, seventeenth session), WORKERS (the estimator's processes,
+# 12). Then here:
 # benchmarks/recam3d_dit_loss.py on the folder (a minute), the folder into the GRPO runs
 # (--config.pretrained.model=FOLDER) and, if it is the better start model, into assets/tiny-recam3d.
 set -u -o pipefail
