@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# The 3-D camera world's start model on a lent GPU (issue 59): its DiT trained on, then measured held-out.
-# One device command after scripts/gpu_check.sh: the bundled tiny-recam3d's DiT trained on far longer than a CPU session
-# allows (docs/recam.md: on this CPU, +3000 / +6000 steps raised held-out cam_score 0.142 -> 0.151 -> 0.160, rotations
-# only), then the same held-out measurement as the bundled model's (benchmarks/recam3d_start.py: 64 held-out
-# conditions x 4 seeds, 256 deterministic samples), on the device machine's CPUs.
+# The 3-D camera world's start model on a lent GPU (issue 59): a DiT trained far longer than a CPU session allows, then
+# measured held-out. One device command after scripts/gpu_check.sh. By default a fresh 8-block DiT (`--dit-layers 8`):
+# of the variants trained on this CPU it learnt the camera fastest per step (docs/recam.md, seventeenth session: a
+# camera gain of 0.43 on true labels in 14,761 steps, where 4 blocks read 0.37 after 33,836 and a finer patch,
+# `--dit-patch 1`, 0.016 after 3,000). Then the same held-out measurement as the bundled model's
+# (benchmarks/recam3d_start.py: 64 held-out conditions x 4 seeds, 256 deterministic samples), on the device's CPUs.
 #
 #   scripts/gpu_recam3d.sh --dry-run     # here: the same two commands on the CPU, a few seconds of training
 #   scripts/gpu_recam3d.sh               # on the device: DIT_SECONDS (150) of training, then the measurement
 #
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
-# folder, 4.6 MB, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
-# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default: train on the bundled DiT; e.g.
-# "--dit-layers 8" for a fresh 8-block one, the next variant: on the CPU it learnt the camera fastest per step, a
-# camera gain of 0.36 in 14,761 steps where 4 blocks took 33,836 to reach 0.37; "--dit-patch 1", 4x the tokens, had
-# learnt almost none of it by 3,000 steps: docs/recam.md, seventeenth session), WORKERS (the estimator's processes,
-# 12). Then here:
-# benchmarks/recam3d_dit_loss.py on the folder (a minute), the folder into the GRPO runs
-# (--config.pretrained.model=FOLDER) and, if it is the better start model, into assets/tiny-recam3d.
+# folder, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
+# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default "--dit-layers 8"; with
+# DIT_ARGS="--dit-init assets/tiny-recam3d" DIT_LR=2e-4 it trains the bundled 4-block DiT on), WORKERS (the estimator's
+# processes, 12).
+# Then here: benchmarks/recam3d_dit_loss.py --labels true on the folder (a minute), and recam3d_start.py's
+# translations: they must read well above 0.02 (every CPU DiT's) before the folder goes into the GRPO runs
+# (--config.pretrained.model=FOLDER) or assets/tiny-recam3d.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -38,7 +38,7 @@ else
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 2)" \
         || { echo "error: no CUDA device (scripts/gpu_recam3d.sh --dry-run runs on the CPU)" >&2; exit 2; }
 fi
-DIT_ARGS=${DIT_ARGS:---dit-init assets/tiny-recam3d}
+DIT_ARGS=${DIT_ARGS:---dit-layers 8}
 # shellcheck disable=SC2086  # DIT_ARGS is a list of options
 "$PY" benchmarks/pretrain_recam_video.py --world room3d --height 32 --width 48 --frames 9 --supersample 2 \
     --mislabel opposite --mislabel-fraction 0.25 --pool "$POOL" --threads "$THREADS" --vae-from assets/tiny-recam3d \

@@ -175,11 +175,12 @@ def test_training_noise_levels_are_shifted_towards_noise_by_hand():
     assert abs(float((draws > 0.8).double().mean()) - 2 / 3) < 0.01  # P(s > 0.8) = P(u > 1 / 3) at shift 8
 
 
-def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
-    """scripts/gpu_recam3d.sh --dry-run: the device command's two stages on the CPU. The DiT trains on from the bundled
-    tiny-recam3d until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with the steps it ran),
-    the folder loads with plain diffusers, its ReCamMaster checkpoint holds CPU tensors of the bundled DiT's shapes
-    whose values moved, and recam3d_start's measurement is written."""
+def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_measures(tmp_path):
+    """scripts/gpu_recam3d.sh --dry-run with its defaults: the device command's two stages on the CPU. A fresh 8-block
+    DiT (the default variant) trains until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with
+    the steps it ran), the folder loads with plain diffusers with 8 blocks, its ReCamMaster checkpoint holds CPU
+    tensors: the bundled DiT's shapes block for block, camera layers for all 8 blocks, and recam3d_start's
+    measurement is written."""
     import json
     import subprocess
 
@@ -189,20 +190,27 @@ def test_gpu_recam3d_dry_run_trains_on_saves_on_the_cpu_and_measures(tmp_path):
     from ddpo_grpo.models import resolve_model_path
 
     env = dict(os.environ, OUT=str(tmp_path), DIT_SECONDS="2", DIT_BATCH="4", PYTHON=sys.executable)
+    env.pop("DIT_ARGS", None)
     proc = subprocess.run(["bash", "scripts/gpu_recam3d.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     folder = tmp_path / "tiny-recam3d-gpu"
     meta = json.loads((folder / "pretrain_meta.json").read_text())
     assert 1 <= meta["dit_steps"] == meta["args"]["dit_steps"] < 1_000_000  # ended by the seconds
+    assert meta["args"]["dit_layers"] == 8 and not meta["args"].get("dit_init")
     bundled = resolve_model_path("tiny-recam3d")
     new = torch.load(folder / "recammaster.ckpt", weights_only=True)
     old = torch.load(os.path.join(bundled, "recammaster.ckpt"), weights_only=True)
-    assert new.keys() == old.keys() and all(v.device.type == "cpu" for v in new.values())
-    assert all(new[k].shape == old[k].shape for k in old)
-    assert any(not torch.equal(new[k], old[k]) for k in old)  # it trained
+    assert all(v.device.type == "cpu" for v in new.values())
+    block = lambda k, n: k.replace("blocks.0.", f"blocks.{n}.")  # noqa: E731
+    per_block = [k for k in old if k.startswith("blocks.0.")]
+    shared = [k for k in old if not k.startswith("blocks.")]
+    assert set(new) == set(shared) | {block(k, n) for k in per_block for n in range(8)}
+    assert all(new[block(k, n)].shape == old[k].shape for k in per_block for n in range(8))
+    assert all(new[k].shape == old[k].shape for k in shared)
+    assert {f"blocks.{n}.cam_encoder.weight" for n in range(8)} <= set(new)
     plain = WanTransformer3DModel.from_pretrained(folder / "transformer")
-    assert plain.config.num_layers == 4
+    assert plain.config.num_layers == 8
     start = json.loads((tmp_path / "start.json").read_text())
     assert start["n_samples"] == 2 and 0.0 <= start["cam_score_mean"] <= 1.0
     assert "held-out cam_score" in proc.stdout
