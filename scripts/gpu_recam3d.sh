@@ -8,6 +8,9 @@
 #
 #   scripts/gpu_recam3d.sh --dry-run     # here: the same two commands on the CPU, a few seconds of training
 #   scripts/gpu_recam3d.sh               # on the device: DIT_SECONDS (150) of training, then the measurement
+#   scripts/gpu_recam3d.sh --grpo FOLDER # then (a second command, the folder carried back): recam3d_tiny_grpo with
+#                                        # its defaults from FOLDER, seeds GRPO_SEEDS (42 1 2) side by side: the issue's
+#                                        # three curves (grpo.json, grpo_seedS.log, grpo/seedS/ with each export)
 #
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
 # folder, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
@@ -19,12 +22,24 @@
 # (--config.pretrained.model=FOLDER) or assets/tiny-recam3d.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
+USAGE="usage: scripts/gpu_recam3d.sh [--dry-run] [--grpo FOLDER]"
 DRY=0
-case "${1:-}" in
-    --dry-run) DRY=1 ;;
-    "") ;;
-    *) echo "error: unknown argument '$1'; usage: scripts/gpu_recam3d.sh [--dry-run]" >&2; exit 2 ;;
-esac
+GRPO_FROM=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --grpo)
+            [ $# -ge 2 ] || { echo "error: --grpo needs a model folder; $USAGE" >&2; exit 2; }
+            GRPO_FROM=$2
+            shift ;;
+        *) echo "error: unknown argument '$1'; $USAGE" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ -n "$GRPO_FROM" ] && [ ! -f "$GRPO_FROM/recammaster.ckpt" ]; then
+    echo "error: --grpo $GRPO_FROM: not a model folder of this script (no recammaster.ckpt in it)" >&2
+    exit 2
+fi
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT_DIR=${OUT:-bench_results/gpu_recam3d}
@@ -37,6 +52,51 @@ else
     DEVICE=cuda SECONDS_=${DIT_SECONDS:-150} POOL=${POOL:-4000} THREADS=$(nproc) LIMIT=()
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 2)" \
         || { echo "error: no CUDA device (scripts/gpu_recam3d.sh --dry-run runs on the CPU)" >&2; exit 2; }
+fi
+
+if [ -n "$GRPO_FROM" ]; then
+    # Stage 2: recam3d_tiny_grpo with its defaults from the folder, one trainer per seed side by side (the DiT on the
+    # device, cam_score's exact estimator on nproc / seeds worker processes each), then each seed's held-out curve.
+    read -r -a SEEDS <<< "${GRPO_SEEDS:-42 1 2}"
+    if [ "$DRY" = 1 ]; then  # one epoch of one group of 4, two held-out clips: the commands and the table, not a result
+        WORKERS_EACH=1 TORCH_THREADS=1
+        SHRINK=(--config.num_epochs=1 --config.eval_freq=1 --config.eval.num_samples=2 --config.eval.batch_size=2
+                --config.sample.batch_size=4 --config.sample.num_batches_per_epoch=1 --config.sample.k=4
+                --config.train.batch_size=4 --config.train.gradient_accumulation_steps=1)
+    else
+        WORKERS_EACH=$(( $(nproc) / ${#SEEDS[@]} )) TORCH_THREADS=2 SHRINK=()
+        [ "$WORKERS_EACH" -ge 1 ] || WORKERS_EACH=1
+    fi
+    pids=()
+    for s in "${SEEDS[@]}"; do
+        OMP_NUM_THREADS=$TORCH_THREADS "$PY" scripts/train.py --config config/grpo.py:recam3d_tiny_grpo \
+            --config.seed="$s" --config.pretrained.model="$GRPO_FROM" --config.logging.wandb=False \
+            --config.logging.tensorboard=False --config.logdir="$OUT_DIR/grpo" --config.run_name="seed$s" \
+            --config.save_freq=0 --config.reward.kwargs.cam_score.workers="$WORKERS_EACH" ${SHRINK[@]+"${SHRINK[@]}"} \
+            > "$OUT_DIR/grpo_seed$s.log" 2>&1 &
+        pids+=($!)
+    done
+    failed=0
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || { failed=1; echo "seed ${SEEDS[$i]} failed; the end of $OUT_DIR/grpo_seed${SEEDS[$i]}.log:" >&2
+                                tail -n 20 "$OUT_DIR/grpo_seed${SEEDS[$i]}.log" >&2; }
+    done
+    "$PY" - "$OUT_DIR" "$GRPO_FROM" "${SEEDS[@]}" <<'EOF'
+import json, os, sys
+out, folder, seeds = sys.argv[1], sys.argv[2], sys.argv[3:]
+res = {"model": folder, "seeds": {}}
+for s in seeds:
+    path = os.path.join(out, "grpo", f"seed{s}", "summary.json")
+    if not os.path.exists(path):
+        print(f"seed {s}: no summary ({path})")
+        continue
+    curve = [(e["epoch"], e["proxy"]) for e in json.load(open(path))["evals"]]  # every eval, the final one included
+    res["seeds"][s] = curve
+    gain = curve[-1][1] - curve[0][1] if curve else float("nan")
+    print(f"seed {s}: held-out cam_score " + " -> ".join(f"{v:.3f} (epoch {e})" for e, v in curve) + f"; gain {gain:+.3f}")
+json.dump(res, open(os.path.join(out, "grpo.json"), "w"), indent=1)
+EOF
+    exit $failed
 fi
 DIT_ARGS=${DIT_ARGS:---dit-layers 8}
 # shellcheck disable=SC2086  # DIT_ARGS is a list of options

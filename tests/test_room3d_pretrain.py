@@ -216,6 +216,33 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     assert "held-out cam_score" in proc.stdout
 
 
+def test_gpu_recam3d_grpo_stage_dry_run_trains_each_seed_and_prints_its_curve(tmp_path):
+    """scripts/gpu_recam3d.sh --dry-run --grpo FOLDER: the device's second command on the CPU, shrunk to one epoch of
+    one group. recam3d_tiny_grpo runs from the folder once per seed, side by side; grpo.json holds each seed's held-out
+    curve (the evals at epochs 0 and 1), each seed's export is written, and stdout prints one line per seed. A
+    folder without a ReCamMaster checkpoint is refused in one line, exit 2."""
+    import json
+    import subprocess
+
+    from ddpo_grpo.models import resolve_model_path
+
+    folder = resolve_model_path("tiny-recam3d")
+    env = dict(os.environ, OUT=str(tmp_path), GRPO_SEEDS="42 1", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", "scripts/gpu_recam3d.sh", "--dry-run", "--grpo", folder], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((tmp_path / "grpo.json").read_text())
+    assert res["model"] == folder and list(res["seeds"]) == ["42", "1"]
+    for seed, curve in res["seeds"].items():
+        assert [e for e, _ in curve] == [0, 1]
+        assert all(0.0 <= v <= 1.0 for _, v in curve)
+        assert (tmp_path / "grpo" / f"seed{seed}" / "export" / "recammaster.ckpt").is_file()
+        assert f"seed {seed}: held-out cam_score" in proc.stdout
+    bad = subprocess.run(["bash", "scripts/gpu_recam3d.sh", "--dry-run", "--grpo", str(tmp_path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no recammaster.ckpt" in bad.stderr
+
+
 def test_pretraining_refuses_a_cuda_device_it_does_not_have():
     """--device cuda where torch has none: one line, exit 2, before the pool or a model is built."""
     import subprocess
