@@ -83,6 +83,7 @@ if [ -n "$GRPO_FROM" ]; then
     done
     "$PY" - "$OUT_DIR" "$GRPO_FROM" "${SEEDS[@]}" <<'EOF'
 import json, os, sys
+from benchmarks.bench_efficacy import curve as eval_curve, run_history  # the efficacy bench's reading of a run
 out, folder, seeds = sys.argv[1], sys.argv[2], sys.argv[3:]
 res = {"model": folder, "seeds": {}}
 for s in seeds:
@@ -90,7 +91,8 @@ for s in seeds:
     if not os.path.exists(path):
         print(f"seed {s}: no summary ({path})")
         continue
-    curve = [(e["epoch"], e["proxy"]) for e in json.load(open(path))["evals"]]  # every eval, the final one included
+    history, final_eval, _ = run_history(path)
+    curve = [(p["epoch"], p["eval_reward_mean"]) for p in eval_curve(history, "eval/reward_mean", final_eval)]
     res["seeds"][s] = curve
     gain = curve[-1][1] - curve[0][1] if curve else float("nan")
     print(f"seed {s}: held-out cam_score " + " -> ".join(f"{v:.3f} (epoch {e})" for e, v in curve) + f"; gain {gain:+.3f}")
