@@ -60,7 +60,7 @@ FLOW_SHIFT = 3.0
 
 
 def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int = 16, dit_heads: int = 4,
-                dit_layers: int = 4, dit_ffn: int = 128, dit_patch: int = 2):
+                dit_layers: int = 4, dit_ffn: int = 128, dit_patch: int = 2, dit_head_dim: int = 16):
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -78,9 +78,9 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
                            temperal_downsample=[True, True], scale_factor_spatial=4, scale_factor_temporal=4,
                            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
     transformer = WanTransformer3DModel(
-        patch_size=(1, dit_patch, dit_patch), num_attention_heads=dit_heads, attention_head_dim=16, in_channels=z_dim,
-        out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=dit_ffn, num_layers=dit_layers, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
+        patch_size=(1, dit_patch, dit_patch), num_attention_heads=dit_heads, attention_head_dim=dit_head_dim,
+        in_channels=z_dim, out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=dit_ffn, num_layers=dit_layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(**wan_scheduler_config(FLOW_SHIFT))
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
@@ -122,6 +122,10 @@ def main() -> None:
     ap.add_argument("--dit-steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--cam-lr-mult", type=float, default=1.0,
+                    help="the camera layers' (cam_encoder, projector) lr as a multiple of --lr: the camera numbers "
+                         "that vary are small (a 10 degree turn moves its matrix entries by 0.17), so a zero-initialised "
+                         "cam_encoder's output grows slowly at the DiT's lr")
     ap.add_argument("--z-dim", type=int, default=Z_DIM, help="VAE latent channels (the DiT's in/out channels)")
     ap.add_argument("--vae-base-dim", type=int, default=16, help="the VAE's first conv width")
     ap.add_argument("--vae-from", default=None,
@@ -132,7 +136,10 @@ def main() -> None:
     ap.add_argument("--vae-lr", type=float, default=1e-3, help="stage 1's peak learning rate")
     ap.add_argument("--vae-snapshot-every", type=int, default=400,
                     help="VAE steps between VAE snapshots (<out>_vae_snapshots/stepN, for --vae-init after a crash)")
-    ap.add_argument("--dit-heads", type=int, default=4, help="the DiT's attention heads (of 16 channels each)")
+    ap.add_argument("--dit-heads", type=int, default=4, help="the DiT's attention heads (of --dit-head-dim channels)")
+    ap.add_argument("--dit-head-dim", type=int, default=16,
+                    help="channels per head; Wan's 3-D RoPE gives the height and width 2 * (head_dim // 6) of them "
+                         "each, so 16 leaves one useful frequency per axis, 64 ten (1 head of 64 = the same weights)")
     ap.add_argument("--dit-layers", type=int, default=4, help="the DiT's blocks")
     ap.add_argument("--dit-ffn", type=int, default=128, help="the DiT's feed-forward width")
     ap.add_argument("--train-shift", type=float, default=FLOW_SHIFT,
@@ -210,7 +217,8 @@ def main() -> None:
         args.z_dim, args.vae_base_dim = vae_from.config.z_dim, vae_from.config.base_dim
     parts = build_parts(args.seed, list(COLOURS) + ["room", "with", "box", "ball"] if args.world == "room3d" else (),
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
-                        dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch)
+                        dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch,
+                        dit_head_dim=args.dit_head_dim)
     by_noise = args.mislabel_by != "item"
     # --mislabel-by noise: the pool of true labels, and every item's opposite labels beside it (no render: same clips)
     src, tgt, cams, prompts = load_pool(argparse.Namespace(**dict(vars(args), mislabel="none", mislabel_fraction=0.5))
@@ -260,7 +268,7 @@ def main() -> None:
 
         if arch(init.config) != arch(transformer.config):
             raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from "
-                             "--dit-heads/-layers/-ffn/-patch's")
+                             "--dit-heads/-head-dim/-layers/-ffn/-patch's")
         transformer.load_state_dict(init.state_dict())
     transformer.to(device)
     text_encoder.to(device)
@@ -275,7 +283,10 @@ def main() -> None:
     with torch.no_grad():
         emb = {p: pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
                                      device=device)[0][0] for p in uniq}
-    opt = torch.optim.AdamW(transformer.parameters(), lr=args.lr, weight_decay=1e-4)
+    cam_params = [p for n, p in transformer.named_parameters() if ".cam_encoder." in n or ".projector." in n]
+    ids = {id(p) for p in cam_params}
+    opt = torch.optim.AdamW([dict(params=[p for p in transformer.parameters() if id(p) not in ids]),
+                             dict(params=cam_params, lr=args.lr * args.cam_lr_mult)], lr=args.lr, weight_decay=1e-4)
     t_dit = time.time()
 
     def progress(s):  # the schedule's position in [0, 1]: steps, or seconds when --dit-seconds ends it first
