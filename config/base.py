@@ -160,6 +160,10 @@ def get_config() -> ml_collections.ConfigDict:
     # lr / 1.5 above 2x, lr * 1.5 below 0.5x (PPO's adaptive rule). The clipped ratio cannot bound that shift
     # (docs/efficacy.md). 0 = off: the lr follows lr_schedule alone.
     config.train.target_shift_kl = 0.0
+    # Per-module lr: "fragment=multiplier,..." gives the trainable parameters whose names hold a fragment lr * that
+    # multiplier (e.g. "cam_encoder.=10,projector.=10": ReCamMaster's camera layers, whose varying inputs are small);
+    # the schedule and target_shift_kl scale every group alike. "" = one lr for all.
+    config.train.lr_multipliers = ""
     config.train.adam_beta1 = 0.9
     config.train.adam_beta2 = 0.999
     config.train.adam_weight_decay = 1e-4

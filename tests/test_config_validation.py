@@ -202,6 +202,29 @@ def test_trainable_modules_train_exactly_the_named_parameters_and_a_name_that_ma
         _trainable(cfg=dict(use_lora=True), target_modules=("no_such_layer",))
 
 
+def test_lr_multipliers_give_the_named_parameters_their_multiple_of_the_lr_and_it_survives_the_shift_scaling():
+    """train.lr_multipliers: each trainable parameter is in exactly one AdamW group; those whose names hold a fragment
+    have lr * its multiplier (the first fragment that matches), the rest lr; scaling every group's lr alike (as
+    target_shift_kl does) keeps the ratio; a malformed entry or a fragment matching no trainable parameter is one line."""
+    unet, opt = _trainable(cfg=dict(train=dict(lr_multipliers="attn1.to_q=10, attn1.=3")))
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    names = dict(unet.named_parameters())
+    assert len(lr_of) == sum(len(g["params"]) for g in opt.param_groups) == len(names)
+    for n, p in names.items():
+        want = 1e-2 if "attn1.to_q" in n else 3e-3 if "attn1." in n else 1e-3
+        assert lr_of[id(p)] == pytest.approx(want, rel=1e-12), n
+    assert {round(g["lr"] / 1e-3, 9) for g in opt.param_groups} == {1.0, 10.0, 3.0}
+    for g in opt.param_groups:
+        g["lr"] *= 0.25
+    assert sorted(round(g["lr"] / 2.5e-4, 9) for g in opt.param_groups) == [1.0, 3.0, 10.0]
+    _, plain = _trainable()
+    assert len(plain.param_groups) == 1 and plain.param_groups[0]["lr"] == 1e-3
+    for bad, word in (("attn1.=x", "attn1.=x"), ("attn1.", "attn1."), ("=2", "=2"), ("attn1.=0", "attn1.=0"),
+                      ("no_such_layer=2", "no_such_layer")):
+        with pytest.raises(ConfigError, match=word.replace(".", r"\.")):
+            _trainable(cfg=dict(train=dict(lr_multipliers=bad)))
+
+
 def test_the_config_s_trainable_modules_reach_the_run_s_optimizer(tmp_path):
     """config.trainable_modules through build_context (the trainer's own build): the run's optimizer holds exactly the
     named parameters; empty keeps the architecture's set (every parameter of the tiny UNet)."""

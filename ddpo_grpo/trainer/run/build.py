@@ -167,8 +167,45 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trai
     if not any(p.requires_grad for p in unet.parameters()):
         raise ConfigError(f"trainable_modules={tuple(full_trainable)!r} names no parameter of the denoiser "
                           f"({type(unet).__name__}); give fragments of its parameter names")
-    return torch.optim.AdamW([p for p in unet.parameters() if p.requires_grad], lr=t.learning_rate,
+    return torch.optim.AdamW(lr_groups(unet, t.get("lr_multipliers", ""), t.learning_rate), lr=t.learning_rate,
                              betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
+
+
+def parse_lr_multipliers(spec: str) -> list:
+    """train.lr_multipliers "fragment=multiplier,..." (e.g. "cam_encoder.=10,projector.=10") -> [(fragment, float)]
+    in the order given; a malformed entry is a ConfigError naming it."""
+    out = []
+    for item in (x.strip() for x in (spec or "").split(",")):
+        if not item:
+            continue
+        frag, eq, mult = item.partition("=")
+        try:
+            value = float(mult) if eq and frag.strip() else None
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise ConfigError(f"train.lr_multipliers: {item!r} is not fragment=multiplier with a multiplier > 0 "
+                              "(e.g. 'cam_encoder.=10,projector.=10')")
+        out.append((frag.strip(), value))
+    return out
+
+
+def lr_groups(unet: torch.nn.Module, spec: str, lr: float) -> list:
+    """AdamW parameter groups over unet's trainable parameters: a trainable parameter whose name holds a fragment of
+    train.lr_multipliers gets lr * that multiplier (the first fragment that matches), the rest lr. Each group keeps
+    its multiplier through the lr schedule and target_shift_kl's scaling, which scale every group's lr alike. A
+    fragment that matches no trainable parameter is a ConfigError."""
+    rules = parse_lr_multipliers(spec)
+    groups = {None: []}
+    for name, p in unet.named_parameters():
+        if p.requires_grad:
+            groups.setdefault(next((i for i, (f, _) in enumerate(rules) if f in name), None), []).append(p)
+    for i, (frag, _) in enumerate(rules):
+        if i not in groups:
+            raise ConfigError(f"train.lr_multipliers: {frag!r} names no trainable parameter of the denoiser "
+                              f"({type(unet).__name__})")
+    return [dict(params=ps, lr=lr * (1.0 if i is None else rules[i][1]))
+            for i, ps in sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0]) if ps]
 
 
 def build_context(config, accelerator, run_dir: str) -> RunContext:
