@@ -85,6 +85,15 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
+def dit_optimizer(transformer: torch.nn.Module, lr: float, cam_lr_mult: float = 1.0) -> torch.optim.Optimizer:
+    """Stage 2's AdamW: ReCamMaster's camera layers (cam_encoder, projector) at lr * cam_lr_mult, the rest at lr, by
+    the trainer's own rule (train.lr_multipliers "cam_encoder.=M,projector.=M": build.lr_groups)."""
+    from ddpo_grpo.trainer.run.build import lr_groups
+
+    spec = f"cam_encoder.={cam_lr_mult},projector.={cam_lr_mult}" if cam_lr_mult != 1.0 else ""
+    return torch.optim.AdamW(lr_groups(transformer, spec, lr), lr=lr, weight_decay=1e-4)
+
+
 def shifted_sigma(u: torch.Tensor, shift: float = FLOW_SHIFT) -> torch.Tensor:
     """Uniform draws u (B,) -> the noise levels stage 2 trains at: shifted towards noise by `shift` (by default the
     scheduler's flow_shift; --train-shift puts more of the training at the noise levels that lay a clip out)."""
@@ -283,10 +292,7 @@ def main() -> None:
     with torch.no_grad():
         emb = {p: pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
                                      device=device)[0][0] for p in uniq}
-    cam_params = [p for n, p in transformer.named_parameters() if ".cam_encoder." in n or ".projector." in n]
-    ids = {id(p) for p in cam_params}
-    opt = torch.optim.AdamW([dict(params=[p for p in transformer.parameters() if id(p) not in ids]),
-                             dict(params=cam_params, lr=args.lr * args.cam_lr_mult)], lr=args.lr, weight_decay=1e-4)
+    opt = dit_optimizer(transformer, args.lr, args.cam_lr_mult)
     t_dit = time.time()
 
     def progress(s):  # the schedule's position in [0, 1]: steps, or seconds when --dit-seconds ends it first

@@ -313,3 +313,21 @@ def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path,
     meta = json.loads((tmp_path / "m" / "pretrain_meta.json").read_text())
     assert meta["args"]["mislabel_by"] == "noise" and meta["draws"] == 8
     assert meta["opposite_draws"] == flipped
+
+
+def test_pretraining_s_cam_lr_mult_gives_exactly_the_camera_layers_their_multiple_of_the_lr():
+    """pretrain_recam_video.dit_optimizer (--cam-lr-mult): every parameter of the DiT in one AdamW group; those of
+    ReCamMaster's camera layers (cam_encoder and projector: four tensors a block) at lr * the multiple, the rest at
+    lr; a multiple of 1 is one group."""
+    from benchmarks.pretrain_recam_video import build_parts, dit_optimizer
+    from ddpo_grpo.models.recam import add_camera_layers
+
+    tr = add_camera_layers(build_parts(0)["transformer"])
+    opt = dit_optimizer(tr, 5e-4, 10.0)
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert len(lr_of) == len(list(tr.parameters()))
+    cam = {id(p) for b in tr.blocks for m in (b.cam_encoder, b.projector) for p in m.parameters()}
+    assert len(cam) == 4 * len(tr.blocks)
+    assert all(lr_of[i] == pytest.approx(5e-3, rel=1e-12) for i in cam)
+    assert all(v == pytest.approx(5e-4, rel=1e-12) for i, v in lr_of.items() if i not in cam)
+    assert len(dit_optimizer(tr, 5e-4, 1.0).param_groups) == 1
