@@ -177,8 +177,8 @@ def test_training_noise_levels_are_shifted_towards_noise_by_hand():
 
 def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run with its defaults: the device command's two stages on the CPU. A fresh 8-block
-    DiT (the default variant) trains until --dit-seconds ends its schedule (the folder, not a snapshot, is saved, with
-    the steps it ran), the folder loads with plain diffusers with 8 blocks, its ReCamMaster checkpoint holds CPU
+    DiT with its camera layers at 10 x the lr (the default variant) trains until --dit-seconds ends its schedule (the
+    folder, not a snapshot, is saved, with the steps it ran), the folder loads with plain diffusers with 8 blocks, its ReCamMaster checkpoint holds CPU
     tensors: the bundled DiT's shapes block for block, camera layers for all 8 blocks, and recam3d_start's
     measurement is written."""
     import json
@@ -197,7 +197,8 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     folder = tmp_path / "tiny-recam3d-gpu"
     meta = json.loads((folder / "pretrain_meta.json").read_text())
     assert 1 <= meta["dit_steps"] == meta["args"]["dit_steps"] < 1_000_000  # ended by the seconds
-    assert meta["args"]["dit_layers"] == 8 and not meta["args"].get("dit_init")
+    assert meta["args"]["dit_layers"] == 8 and meta["args"]["cam_lr_mult"] == 10
+    assert not meta["args"].get("dit_init")
     bundled = resolve_model_path("tiny-recam3d")
     new = torch.load(folder / "recammaster.ckpt", weights_only=True)
     old = torch.load(os.path.join(bundled, "recammaster.ckpt"), weights_only=True)
