@@ -37,6 +37,7 @@ from helpers import named_config as _config
      "data.kinds must name some of pan, tilt"),
     (lambda c: setattr(c, "mixed_precision", "fp8"), "mixed_precision='fp8'"),
     (lambda c: setattr(c.train, "lr_schedule", "cosine_with_restarts"), "train.lr_schedule='cosine_with_restarts'"),
+    (lambda c: setattr(c.train, "lr_multipliers", "cam_encoder.:10"), "train.lr_multipliers: 'cam_encoder.:10'"),
     (lambda c: setattr(c.sample, "antithetic", True), "needs sample.shared_init_noise=True"),
     (lambda c: setattr(c.reward, "num_threads", -1), "reward.num_threads=-1"),
     (lambda c: setattr(c.train, "step_weight_power", float("nan")), "step_weight_power=nan must be a finite number"),

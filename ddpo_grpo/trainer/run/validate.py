@@ -12,7 +12,7 @@ from ddpo_grpo.core.stat_tracking import STD_MODES
 from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.combine import PER_STEP_MODES
 
-from .build import LR_SCHEDULES
+from .build import LR_SCHEDULES, parse_lr_multipliers
 from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset, data_kinds
 from ..epoch.sampling import branch_spec, check_window, model_scheduler
 
@@ -115,6 +115,7 @@ def validate_config(config, num_processes: int) -> str:
         raise ConfigError(f"train.lr_warmup_steps={t.lr_warmup_steps} must be >= 0")
     if t.get("lr_schedule", "constant") not in LR_SCHEDULES:
         raise ConfigError(f"train.lr_schedule={t.lr_schedule!r}; choose one of {LR_SCHEDULES}")
+    parse_lr_multipliers(t.get("lr_multipliers", ""))  # its form here; whether each fragment names a parameter, at build
     if int(t.timesteps_per_call) < 0:
         raise ConfigError(f"train.timesteps_per_call={t.timesteps_per_call} must be >= 1, or 0 for auto")
     if t.objective not in OBJECTIVES:
