@@ -44,12 +44,12 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
+from benchmarks.pretrain_recam_vae import train_vae  # noqa: E402
 from benchmarks.pretrain_pools import (kind_index, load_pool, mode_threshold, noise_mode,  # noqa: E402
                                        room3d_opposite_labels)
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
@@ -88,9 +88,10 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
 def dit_optimizer(transformer: torch.nn.Module, lr: float, cam_lr_mult: float = 1.0) -> torch.optim.Optimizer:
     """Stage 2's AdamW: ReCamMaster's camera layers (cam_encoder, projector) at lr * cam_lr_mult, the rest at lr, by
     the trainer's own rule (train.lr_multipliers "cam_encoder.=M,projector.=M": build.lr_groups)."""
+    from ddpo_grpo.models.recam_checkpoint import CAMERA_LAYERS
     from ddpo_grpo.trainer.run.build import lr_groups
 
-    spec = f"cam_encoder.={cam_lr_mult},projector.={cam_lr_mult}" if cam_lr_mult != 1.0 else ""
+    spec = ",".join(f"{layer}.={cam_lr_mult}" for layer in CAMERA_LAYERS) if cam_lr_mult != 1.0 else ""
     return torch.optim.AdamW(lr_groups(transformer, spec, lr), lr=lr, weight_decay=1e-4)
 
 
@@ -117,10 +118,6 @@ def velocity_error(den, x0, src_lat, cams, emb, sigma, noise) -> torch.Tensor:
     return predict_velocity(den, xt, src_lat, cams, emb, sigma) - (noise - x0)
 
 
-def to_vae(frames):  # (B, F, 3, H, W) in [0, 1] -> (B, 3, F, H, W) in [-1, 1]
-    return frames.permute(0, 2, 1, 3, 4) * 2 - 1
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="assets/tiny-recam-video")
@@ -132,9 +129,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--cam-lr-mult", type=float, default=1.0,
-                    help="the camera layers' (cam_encoder, projector) lr as a multiple of --lr: the camera numbers "
-                         "that vary are small (a 10 degree turn moves its matrix entries by 0.17), so a zero-initialised "
-                         "cam_encoder's output grows slowly at the DiT's lr")
+                    help="the camera layers' lr as a multiple of --lr (docs/recam.md, nineteenth session)")
     ap.add_argument("--z-dim", type=int, default=Z_DIM, help="VAE latent channels (the DiT's in/out channels)")
     ap.add_argument("--vae-base-dim", type=int, default=16, help="the VAE's first conv width")
     ap.add_argument("--vae-from", default=None,
@@ -147,8 +142,7 @@ def main() -> None:
                     help="VAE steps between VAE snapshots (<out>_vae_snapshots/stepN, for --vae-init after a crash)")
     ap.add_argument("--dit-heads", type=int, default=4, help="the DiT's attention heads (of --dit-head-dim channels)")
     ap.add_argument("--dit-head-dim", type=int, default=16,
-                    help="channels per head; Wan's 3-D RoPE gives the height and width 2 * (head_dim // 6) of them "
-                         "each, so 16 leaves one useful frequency per axis, 64 ten (1 head of 64 = the same weights)")
+                    help="channels per head (Wan's RoPE gives height and width 2 * (head_dim // 6) of them each)")
     ap.add_argument("--dit-layers", type=int, default=4, help="the DiT's blocks")
     ap.add_argument("--dit-ffn", type=int, default=128, help="the DiT's feed-forward width")
     ap.add_argument("--train-shift", type=float, default=FLOW_SHIFT,
@@ -333,50 +327,6 @@ def main() -> None:
                                                 opposite_draws=flipped_draws, draws=step * args.batch), step)
         if last:
             break
-
-
-def train_vae(args, vae, src, tgt, g, t0) -> None:
-    """Stage 1: train the VAE on the pool's clips, then set its latents_mean / latents_std to the measured ones."""
-    # A near-deterministic autoencoder (posterior mean decoded, a small pull of the means towards 0): the latents are
-    # then normalised by their measured mean / std, as Wan's are; cosine decay lets the reconstruction settle.
-    opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0, betas=(0.9, 0.99))
-    vsched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s / args.vae_steps, 1.0))))
-    running, raw = [], []
-    # The loss reads the decoder's output before AutoencoderKLWan.decode clamps it to [-1, 1]: on the clamped output
-    # the background (-1) saturates at once and the gradient vanishes (measured: stuck at the blank frame's error).
-    hook = vae.decoder.register_forward_hook(lambda module, args, out: raw.append(out))
-    for step in range(1, args.vae_steps + 1):
-        idx = torch.randint(0, len(src), (args.batch // 4,), generator=g)
-        x = to_vae(torch.cat([src[idx], tgt[idx]])).to(next(vae.parameters()).device)
-        raw.clear()
-        z = vae.encode(x).latent_dist.mean
-        vae.decode(z)
-        rec = torch.cat(raw, dim=2)
-        mse = F.mse_loss(rec, x)
-        loss = mse + 1e-4 * z.pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        opt.step()
-        vsched.step()
-        running.append(mse.item())
-        if step % 100 == 0 or step == 1:
-            print(f"vae {step}/{args.vae_steps} rec (mean of last 100) {np.mean(running[-100:]):.5f} "
-                  f"{time.time() - t0:.0f}s", flush=True)
-        if args.vae_snapshot_every and step % args.vae_snapshot_every == 0 and step < args.vae_steps:
-            snap = os.path.join(args.out + "_vae_snapshots", f"step{step}")
-            vae.save_pretrained(snap + ".tmp")  # written whole, then renamed: a crash never leaves a half snapshot
-            import shutil
-
-            shutil.rmtree(snap, ignore_errors=True)
-            os.replace(snap + ".tmp", snap)
-    hook.remove()
-    with torch.no_grad():
-        dev = next(vae.parameters()).device
-        means = torch.cat([vae.encode(to_vae(src[i:i + 64]).to(dev)).latent_dist.mean
-                           for i in range(0, min(512, len(src)), 64)])
-    mu, sd = means.mean(dim=(0, 2, 3, 4)), means.std(dim=(0, 2, 3, 4))
-    vae.register_to_config(latents_mean=[float(v) for v in mu], latents_std=[float(v) for v in sd])
 
 
 def save(args, parts, transformer, meta, step) -> None:
