@@ -30,9 +30,20 @@ SAMPLING_POLICY = "sampling_policy.safetensors"  # train.nft_old_decay > 0: thet
 EXPORT = "export"  # the model in diffusers' formats, in each checkpoint and in the run folder
 
 
+# What a checkpoint written before a field was recorded holds for it: the config's default then. Keeps old checkpoints
+# resumable by configs that leave the setting at its default.
+META_DEFAULTS = {"trainable_modules": [], "lr_multipliers": ""}
+
+
 def run_meta(config, family: str) -> dict:
+    """What a checkpoint belongs to (run_meta.json), compared on resume (check_compatible): the model, the family, LoRA
+    or not, and the optimizer's layout (which parameters train, in which lr groups: train.trainable_modules and
+    train.lr_multipliers), which the saved optimizer state must match group for group."""
+    train = getattr(config, "train", None)  # hand-built configs may lack the optional fields
     return {"model": config.pretrained.model, "use_lora": bool(config.use_lora), "family": family,
-            "lora_rank": int(config.lora_rank) if config.use_lora else None}
+            "lora_rank": int(config.lora_rank) if config.use_lora else None,
+            "trainable_modules": list(getattr(config, "trainable_modules", ()) or ()),
+            "lr_multipliers": getattr(train, "lr_multipliers", "") or ""}
 
 
 def _fsync_tree(path: str) -> None:
@@ -248,7 +259,8 @@ def check_compatible(ckpt: str, config, family: str) -> None:
     with open(os.path.join(ckpt, META)) as f:
         saved = json.load(f)
     want = run_meta(config, family)
-    diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}" for k, v in want.items() if saved.get(k) != v]
+    diff = [f"{k}: checkpoint {saved.get(k, META_DEFAULTS.get(k))!r} vs config {v!r}" for k, v in want.items()
+            if saved.get(k, META_DEFAULTS.get(k)) != v]
     if diff:
         raise ConfigError(f"checkpoint {ckpt} does not match the config ({'; '.join(diff)}); "
                           "resume with the config it was made with")
