@@ -12,10 +12,12 @@ second launch 1 s after the first, as a user would start two machines.
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -77,21 +79,31 @@ def kill_machine(proc) -> None:
             pass
 
 
+class LateKill(Exception):
+    """Machine 1 was killed only after machine 0 had finished training (the kill point's file lasts one epoch of a
+    few tenths of a second, and a loaded CPU can delay the poller past it): a race of the test, not a hang of the
+    trainer. torchrun's agent on machine 0 then waits out its exit barrier (300 s) for machine 1's."""
+
+
 def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1, fsdp=False):
     """Machine 0, then 1 s later machine 1, with --config.logdir=logdirs[rank] and extra[rank]. kill_when: a
     function giving a path (or None); once that path exists machine 1's launcher and workers are SIGKILLed, and
-    machine 0 must end by itself (within END_WAIT_S: a hang guard, not a timing check). Returns (outputs, return
-    codes)."""
+    machine 0 must end by itself (within END_WAIT_S: a hang guard, not a timing check); LateKill if machine 0 had
+    finished training before the kill landed. Returns (outputs, return codes)."""
     port = free_port()
     procs = []
+    # Each machine's output goes to a file, not a pipe: nothing reads a pipe while the machines run, and a full pipe
+    # buffer (64 KiB; a loaded machine prints more, tqdm redraws by time) would block a machine in its own write.
+    folder = tempfile.mkdtemp(prefix="machines-")
+    logs = [os.path.join(folder, f"machine{rank}.log") for rank in (0, 1)]
     try:
         for rank in (0, 1):
             cmd = machine_cmd(rank, port, per_machine, fsdp) + [f"--config.logdir={logdirs[rank]}", *extra[rank]]
             # Machine 1's clock reads another time zone (as two machines' can): without rank 0's broadcast of the
             # run name, each would name its run folder by its own clock, and the two names would differ by hours.
             env = cpu_env(PYTHONPATH=ROOT, **({"TZ": OTHER_ZONE} if rank == 1 else {}))
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))
+            with open(logs[rank], "a") as out:
+                procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
             time.sleep(1)
         if kill_when:
             # Poll for the condition (the kill point's file), not a time: a loaded machine only gets there later.
@@ -105,20 +117,30 @@ def two_machines(logdirs, extra=((), ()), kill_when=None, per_machine=1, fsdp=Fa
                 time.sleep(0.05)
             kill_machine(procs[1])
             if not reached:  # machine 1 ended (or hung) before the kill point: say so, not a later, stranger failure
-                out = procs[1].communicate(timeout=60)[0] if procs[1].poll() is not None else ""
-                pytest.fail(f"machine 1 never reached the kill point {kill_when()} (exit {procs[1].returncode}, "
-                            f"waited up to {KILL_WAIT_S} s): {out[-2000:]}")
-            try:
-                procs[0].wait(timeout=END_WAIT_S)  # a hang fails here
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"machine 0 still running {END_WAIT_S} s after machine 1 was killed "
-                            f"(collective_timeout_s={TIMEOUT_S}): a hang")
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-        return outs, [p.returncode for p in procs]
+                pytest.fail(f"machine 1 never reached the kill point {kill_when()} (exit {procs[1].poll()}, "
+                            f"waited up to {KILL_WAIT_S} s): {_read(logs[1])[-2000:]}")
+            end = time.monotonic() + END_WAIT_S
+            while procs[0].poll() is None:  # a hang fails here
+                if "done in " in _read(logs[0]):  # the trainer's last line (reporting.finish): nothing left to stop
+                    raise LateKill(_read(logs[0])[-500:])
+                if time.monotonic() > end:
+                    pytest.fail(f"machine 0 still running {END_WAIT_S} s after machine 1 was killed (collective_"
+                                f"timeout_s={TIMEOUT_S}): a hang; its output ends: {_read(logs[0])[-2000:]}")
+                time.sleep(0.5)
+        for p in procs:
+            p.wait(timeout=600)
+        return [_read(f) for f in logs], [p.returncode for p in procs]
     finally:  # nothing outlives a failed test
         for p in procs:
             if p.poll() is None:
                 kill_machine(p)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read(path: str) -> str:
+    """All a machine wrote so far."""
+    with open(path) as f:
+        return f.read()
 
 
 def dumps(run_dirs, epoch):
@@ -156,7 +178,11 @@ def kill_and_resume(logdirs, per_machine=1, fsdp=False):
         folders = run_folders(logdirs[1])
         return os.path.join(folders[0], "checkpoints", "checkpoint_00001", "run_meta.json") if folders else None
 
-    outs, rcs = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine, fsdp=fsdp)
+    try:
+        outs, rcs = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine, fsdp=fsdp)
+    except LateKill:  # the test's race, not the trainer's: once more in fresh folders
+        logdirs = [os.path.join(str(d), "again") for d in logdirs]
+        outs, rcs = two_machines(logdirs, kill_when=first_ckpt, per_machine=per_machine, fsdp=fsdp)
     folders = [run_folders(d) for d in logdirs]
     assert all(len(f) == 1 for f in folders), folders  # one run folder (one per machine without a shared filesystem)
     run_dirs = [folders[0][0], folders[1][0]]

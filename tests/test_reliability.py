@@ -187,7 +187,8 @@ def test_resume_with_another_optimizer_layout_is_refused_and_old_checkpoints_rea
         check_compatible(ckpt, other, "flow")
     other = types.SimpleNamespace(**vars(ctx.config))
     other.trainable_modules = ()
-    with pytest.raises(ConfigError, match=r"trainable_modules: checkpoint \['cam_encoder.', 'projector.'\] vs config \[\]"):
+    with pytest.raises(ConfigError,
+                       match=r"trainable_modules: checkpoint \['cam_encoder.', 'projector.'\] vs config \[\]"):
         check_compatible(ckpt, other, "flow")
     for k in ("lr_multipliers", "trainable_modules"):  # an older checkpoint: the fields absent
         meta.pop(k)
