@@ -80,8 +80,8 @@ def kill_machine(proc) -> None:
 
 
 class LateKill(Exception):
-    """Machine 1 was killed only after machine 0 had finished training (the kill point's file lasts one epoch of a
-    few tenths of a second, and a loaded CPU can delay the poller past it): a race of the test, not a hang of the
+    """Machine 1 was killed only after machine 0 had finished training (the kill point's file lasts one epoch, under
+    a second here, and on a loaded CPU the poll or the kill can come later): a race of the test, not a hang of the
     trainer. torchrun's agent on machine 0 then waits out its exit barrier (300 s) for machine 1's."""
 
 
