@@ -179,9 +179,8 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     """scripts/gpu_recam3d.sh --dry-run with its defaults: the device command's two stages on the CPU. A fresh 8-block
     DiT with its camera layers at 10 x the lr (the default variant) trains until --dit-seconds ends its schedule (the
     folder, not a snapshot, is saved, with the steps it ran), the folder loads with plain diffusers with 8 blocks, its
-    ReCamMaster checkpoint holds CPU
-    tensors: the bundled DiT's shapes block for block, camera layers for all 8 blocks, and recam3d_start's
-    measurement is written."""
+    ReCamMaster checkpoint holds CPU tensors: the bundled DiT's shapes block for block, camera layers for all 8
+    blocks, and recam3d_start's measurement is written."""
     import json
     import subprocess
 
