@@ -172,31 +172,42 @@ def test_checkpoint_for_another_setup_is_refused(tmp_path):
 def test_resume_with_another_optimizer_layout_is_refused_and_old_checkpoints_read_as_defaults(tmp_path):
     """train.lr_multipliers and trainable_modules decide the optimizer's parameter groups, which the saved optimizer
     state must match group for group: a resume with other values is one ConfigError naming the field (accelerate's
-    load would stop with its own error). A checkpoint written before run_meta recorded them reads as the defaults."""
+    load would stop with its own error). The multipliers are compared as parse_lr_multipliers reads them, so the same
+    layout written another way resumes. A checkpoint written before run_meta recorded them reads as the defaults, and
+    one that stored the raw spec string is read by the same rule."""
     ctx = _fake_ctx(tmp_path)
     ctx.config.train = types.SimpleNamespace(lr_multipliers="cam_encoder.=10")
     ctx.config.trainable_modules = ("cam_encoder.", "projector.")
     ctx.state.epoch = 1
     ckpt = save_checkpoint(ctx, "flow")
     meta = json.load(open(os.path.join(ckpt, META)))
-    assert meta["lr_multipliers"] == "cam_encoder.=10" and meta["trainable_modules"] == ["cam_encoder.", "projector."]
+    assert meta["lr_multipliers"] == [["cam_encoder.", 10.0]]
+    assert meta["trainable_modules"] == ["cam_encoder.", "projector."]
     check_compatible(ckpt, ctx.config, "flow")  # the same config resumes
     other = types.SimpleNamespace(**vars(ctx.config))
-    other.train = types.SimpleNamespace(lr_multipliers="")
-    with pytest.raises(ConfigError, match="lr_multipliers: checkpoint 'cam_encoder.=10' vs config ''"):
-        check_compatible(ckpt, other, "flow")
+    other.train = types.SimpleNamespace(lr_multipliers=" cam_encoder. = 10.0 ,")  # the same layout, spelt otherwise
+    check_compatible(ckpt, other, "flow")
+    for spec, shown in (("", r"\[\]"), ("cam_encoder.=3", r"\[\['cam_encoder.', 3.0\]\]"),
+                        ("projector.=10,cam_encoder.=10", r"\[\['projector.', 10.0\], \['cam_encoder.', 10.0\]\]")):
+        other.train = types.SimpleNamespace(lr_multipliers=spec)
+        with pytest.raises(ConfigError,
+                           match=rf"lr_multipliers: checkpoint \[\['cam_encoder.', 10.0\]\] vs config {shown}"):
+            check_compatible(ckpt, other, "flow")
     other = types.SimpleNamespace(**vars(ctx.config))
     other.trainable_modules = ()
     with pytest.raises(ConfigError,
                        match=r"trainable_modules: checkpoint \['cam_encoder.', 'projector.'\] vs config \[\]"):
         check_compatible(ckpt, other, "flow")
+    meta["lr_multipliers"] = "cam_encoder.=10.0"  # the raw spec, as the first run_meta with the field stored it
+    json.dump(meta, open(os.path.join(ckpt, META), "w"))
+    check_compatible(ckpt, ctx.config, "flow")
     for k in ("lr_multipliers", "trainable_modules"):  # an older checkpoint: the fields absent
         meta.pop(k)
     json.dump(meta, open(os.path.join(ckpt, META), "w"))
     plain = types.SimpleNamespace(**vars(ctx.config))
     plain.train, plain.trainable_modules = types.SimpleNamespace(lr_multipliers=""), ()
     check_compatible(ckpt, plain, "flow")
-    with pytest.raises(ConfigError, match="lr_multipliers: checkpoint '' vs config 'cam_encoder.=10'"):
+    with pytest.raises(ConfigError, match=r"lr_multipliers: checkpoint \[\] vs config \[\['cam_encoder.', 10.0\]\]"):
         check_compatible(ckpt, ctx.config, "flow")
 
 

@@ -24,6 +24,7 @@ import shutil
 from typing import Optional
 
 from ddpo_grpo.errors import ConfigError
+from .build import parse_lr_multipliers
 
 META = "run_meta.json"
 SAMPLING_POLICY = "sampling_policy.safetensors"  # train.nft_old_decay > 0: theta_old, the weights eval measures
@@ -32,7 +33,16 @@ EXPORT = "export"  # the model in diffusers' formats, in each checkpoint and in 
 
 # What a checkpoint written before a field was recorded holds for it: the config's default then. Keeps old checkpoints
 # resumable by configs that leave the setting at its default.
-META_DEFAULTS = {"trainable_modules": [], "lr_multipliers": ""}
+META_DEFAULTS = {"trainable_modules": [], "lr_multipliers": []}
+
+
+def _multipliers(spec) -> list:
+    """train.lr_multipliers in the form run_meta.json holds and compares: [[fragment, multiplier], ...] as
+    build.parse_lr_multipliers reads the spec, so "cam_encoder.=10" and " cam_encoder. = 10.0" are the same layout. A
+    string (the raw spec, as checkpoints of 2026-11-30 stored it) is parsed the same way."""
+    if isinstance(spec, str) or spec is None:
+        return [[frag, mult] for frag, mult in parse_lr_multipliers(spec or "")]
+    return [[str(frag), float(mult)] for frag, mult in spec]
 
 
 def run_meta(config, family: str) -> dict:
@@ -43,7 +53,7 @@ def run_meta(config, family: str) -> dict:
     return {"model": config.pretrained.model, "use_lora": bool(config.use_lora), "family": family,
             "lora_rank": int(config.lora_rank) if config.use_lora else None,
             "trainable_modules": list(getattr(config, "trainable_modules", ()) or ()),
-            "lr_multipliers": getattr(train, "lr_multipliers", "") or ""}
+            "lr_multipliers": _multipliers(getattr(train, "lr_multipliers", ""))}
 
 
 def _fsync_tree(path: str) -> None:
@@ -259,6 +269,8 @@ def check_compatible(ckpt: str, config, family: str) -> None:
     with open(os.path.join(ckpt, META)) as f:
         saved = json.load(f)
     want = run_meta(config, family)
+    if "lr_multipliers" in saved:
+        saved["lr_multipliers"] = _multipliers(saved["lr_multipliers"])
     diff = [f"{k}: checkpoint {saved.get(k, META_DEFAULTS.get(k))!r} vs config {v!r}" for k, v in want.items()
             if saved.get(k, META_DEFAULTS.get(k)) != v]
     if diff:
