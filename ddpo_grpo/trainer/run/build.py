@@ -12,6 +12,7 @@ import torch
 
 from ddpo_grpo.errors import ConfigError
 from .data import KRepeatSampler, build_dataset
+from .lr_multipliers import parse_lr_multipliers
 from ..epoch.sampling import branch_spec, check_window, scheduler_note
 
 
@@ -169,25 +170,6 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trai
                           f"({type(unet).__name__}); give fragments of its parameter names")
     return torch.optim.AdamW(lr_groups(unet, t.get("lr_multipliers", ""), t.learning_rate), lr=t.learning_rate,
                              betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
-
-
-def parse_lr_multipliers(spec: str) -> list:
-    """train.lr_multipliers "fragment=multiplier,..." (e.g. "cam_encoder.=10,projector.=10") -> [(fragment, float)]
-    in the order given; a malformed entry is a ConfigError naming it."""
-    out = []
-    for item in (x.strip() for x in (spec or "").split(",")):
-        if not item:
-            continue
-        frag, eq, mult = item.partition("=")
-        try:
-            value = float(mult) if eq and frag.strip() else None
-        except ValueError:
-            value = None
-        if value is None or not value > 0:
-            raise ConfigError(f"train.lr_multipliers: {item!r} is not fragment=multiplier with a multiplier > 0 "
-                              "(e.g. 'cam_encoder.=10,projector.=10')")
-        out.append((frag.strip(), value))
-    return out
 
 
 def lr_groups(unet: torch.nn.Module, spec: str, lr: float) -> list:

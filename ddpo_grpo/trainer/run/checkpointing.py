@@ -24,7 +24,7 @@ import shutil
 from typing import Optional
 
 from ddpo_grpo.errors import ConfigError
-from .build import parse_lr_multipliers
+from .lr_multipliers import parse_lr_multipliers
 
 META = "run_meta.json"
 SAMPLING_POLICY = "sampling_policy.safetensors"  # train.nft_old_decay > 0: theta_old, the weights eval measures
@@ -38,8 +38,8 @@ META_DEFAULTS = {"trainable_modules": [], "lr_multipliers": []}
 
 def _multipliers(spec) -> list:
     """train.lr_multipliers in the form run_meta.json holds and compares: [[fragment, multiplier], ...] as
-    build.parse_lr_multipliers reads the spec, so "cam_encoder.=10" and " cam_encoder. = 10.0" are the same layout. A
-    string (the raw spec, as checkpoints of 2026-11-30 stored it) is parsed the same way."""
+    parse_lr_multipliers reads the spec, so "cam_encoder.=10" and " cam_encoder. = 10.0" are the same layout. A string
+    (the raw spec, as checkpoints of 2026-11-30 stored it) is parsed the same way."""
     if isinstance(spec, str) or spec is None:
         return [[frag, mult] for frag, mult in parse_lr_multipliers(spec or "")]
     return [[str(frag), float(mult)] for frag, mult in spec]
