@@ -13,8 +13,8 @@ from ddpo_grpo.errors import ConfigError
 from ddpo_grpo.rewards.combine import PER_STEP_MODES
 
 from .build import LR_SCHEDULES
-from .lr_multipliers import parse_lr_multipliers
 from .data import TOYWORLD_OBJECTS, KRepeatSampler, build_dataset, data_kinds
+from .lr_multipliers import parse_lr_multipliers
 from ..epoch.sampling import branch_spec, check_window, model_scheduler
 
 
