@@ -36,13 +36,10 @@ EXPORT = "export"  # the model in diffusers' formats, in each checkpoint and in 
 META_DEFAULTS = {"trainable_modules": [], "lr_multipliers": []}
 
 
-def _multipliers(spec) -> list:
+def _multipliers(spec: str) -> list:
     """train.lr_multipliers in the form run_meta.json holds and compares: [[fragment, multiplier], ...] as
-    parse_lr_multipliers reads the spec, so "cam_encoder.=10" and " cam_encoder. = 10.0" are the same layout. A string
-    (the raw spec, as checkpoints of 2026-11-30 stored it) is parsed the same way."""
-    if isinstance(spec, str) or spec is None:
-        return [[frag, mult] for frag, mult in parse_lr_multipliers(spec or "")]
-    return [[str(frag), float(mult)] for frag, mult in spec]
+    parse_lr_multipliers reads the spec, so "cam_encoder.=10" and " cam_encoder. = 10.0" are the same layout."""
+    return [[frag, mult] for frag, mult in parse_lr_multipliers(spec or "")]
 
 
 def run_meta(config, family: str) -> dict:
@@ -269,7 +266,7 @@ def check_compatible(ckpt: str, config, family: str) -> None:
     with open(os.path.join(ckpt, META)) as f:
         saved = json.load(f)
     want = run_meta(config, family)
-    if "lr_multipliers" in saved:
+    if isinstance(saved.get("lr_multipliers"), str):  # the raw spec, as checkpoints of 2026-11-30 stored it
         saved["lr_multipliers"] = _multipliers(saved["lr_multipliers"])
     diff = [f"{k}: checkpoint {saved.get(k, META_DEFAULTS.get(k))!r} vs config {v!r}" for k, v in want.items()
             if saved.get(k, META_DEFAULTS.get(k)) != v]
