@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The 3-D camera world's start model on a lent GPU (issue 59): a DiT trained far longer than a CPU session allows, then
-# measured held-out. One device command after scripts/gpu_check.sh. By default a fresh 8-block DiT whose camera layers
-# take 10 x the lr (`--dit-layers 8 --cam-lr-mult 10`): of the variants trained on this CPU it learnt the camera
-# fastest per step (docs/recam.md, seventeenth session: 8 blocks read a camera gain of 0.43 on true labels in 14,761
-# steps, where 4 blocks read 0.37 after 33,836 and a finer patch, `--dit-patch 1`, 0.016 after 3,000; nineteenth:
-# the camera layers at 10 x the lr take 8 blocks from 0.283 to 0.387 at step 4,000, and 4 blocks from 0.300 to 0.431
-# at 6,000). Then the same held-out measurement as the bundled model's
+# measured held-out. One device command after scripts/gpu_check.sh. By default a fresh 8-block DiT 128 channels wide
+# (8 heads of 16) whose camera layers take 10 x the lr (`--dit-layers 8 --dit-heads 8 --dit-ffn 256 --cam-lr-mult 10`):
+# each of the three learnt the camera faster per step on this CPU (docs/recam.md: seventeenth session, 8 blocks read
+# a camera gain of 0.43 on true labels in 14,761 steps where 4 blocks read 0.37 after 33,836; nineteenth, the camera
+# layers at 10 x the lr take 4 blocks from 0.300 to 0.431 at step 6,000; twenty-second, 128 channels instead of 64
+# take that to 0.515, and with true labels to 1.03, whose samples read 0.290 held-out: the first CPU DiT whose
+# translations and arcs leave ~0). Then the same held-out measurement as the bundled model's
 # (benchmarks/recam3d_start.py: 64 held-out conditions x 4 seeds, 256 deterministic samples), on the device's CPUs.
 #
 #   scripts/gpu_recam3d.sh --dry-run     # here: the same two commands on the CPU, a few seconds of training
@@ -16,9 +17,9 @@
 #
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
 # folder, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
-# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default "--dit-layers 8 --cam-lr-mult 10"; with
-# DIT_ARGS="--dit-init assets/tiny-recam3d" DIT_LR=2e-4 it trains the bundled 4-block DiT on), WORKERS (the estimator's
-# processes, 12).
+# DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default "--dit-layers 8 --dit-heads 8
+# --dit-ffn 256 --cam-lr-mult 10"; with DIT_ARGS="--dit-init assets/tiny-recam3d" DIT_LR=2e-4 it trains the bundled
+# 4-block DiT on), WORKERS (the estimator's processes, 12).
 # Then here: benchmarks/recam3d_dit_loss.py --labels true on the folder (a minute), and recam3d_start.py's
 # translations: they must read well above 0.02 (every CPU DiT's) before the folder goes into the GRPO runs
 # (--config.pretrained.model=FOLDER) or assets/tiny-recam3d.
@@ -102,7 +103,7 @@ json.dump(res, open(os.path.join(out, "grpo.json"), "w"), indent=1)
 EOF
     exit $failed
 fi
-DIT_ARGS=${DIT_ARGS:---dit-layers 8 --cam-lr-mult 10}
+DIT_ARGS=${DIT_ARGS:---dit-layers 8 --dit-heads 8 --dit-ffn 256 --cam-lr-mult 10}
 # shellcheck disable=SC2086  # DIT_ARGS is a list of options
 "$PY" benchmarks/pretrain_recam_video.py --world room3d --height 32 --width 48 --frames 9 --supersample 2 \
     --mislabel opposite --mislabel-fraction 0.25 --pool "$POOL" --threads "$THREADS" --vae-from assets/tiny-recam3d \

@@ -177,10 +177,12 @@ def test_training_noise_levels_are_shifted_towards_noise_by_hand():
 
 def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run with its defaults: the device command's two stages on the CPU. A fresh 8-block
-    DiT with its camera layers at 10 x the lr (the default variant) trains until --dit-seconds ends its schedule (the
-    folder, not a snapshot, is saved, with the steps it ran), the folder loads with plain diffusers with 8 blocks, its
-    ReCamMaster checkpoint holds CPU tensors: the bundled DiT's shapes block for block, camera layers for all 8
-    blocks, and recam3d_start's measurement is written."""
+    DiT 128 channels wide with its camera layers at 10 x the lr (the default variant) trains until --dit-seconds ends
+    its schedule (the folder, not a snapshot, is saved, with the steps it ran), the folder loads with plain diffusers
+    with 8 blocks of 8 heads, its ReCamMaster checkpoint holds CPU tensors: the bundled DiT's keys block for block,
+    every dimension the width sets (the bundled model's multiples of 64) twice the bundled one and the rest (latent
+    channels, camera numbers, text and time features) the same, camera layers for all 8 blocks, and recam3d_start's
+    measurement is written."""
     import json
     import subprocess
 
@@ -198,6 +200,7 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     meta = json.loads((folder / "pretrain_meta.json").read_text())
     assert 1 <= meta["dit_steps"] == meta["args"]["dit_steps"] < 1_000_000  # ended by the seconds
     assert meta["args"]["dit_layers"] == 8 and meta["args"]["cam_lr_mult"] == 10
+    assert (meta["args"]["dit_heads"], meta["args"]["dit_head_dim"], meta["args"]["dit_ffn"]) == (8, 16, 256)
     assert not meta["args"].get("dit_init")
     bundled = resolve_model_path("tiny-recam3d")
     new = torch.load(folder / "recammaster.ckpt", weights_only=True)
@@ -207,11 +210,13 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     per_block = [k for k in old if k.startswith("blocks.0.")]
     shared = [k for k in old if not k.startswith("blocks.")]
     assert set(new) == set(shared) | {block(k, n) for k in per_block for n in range(8)}
-    assert all(new[block(k, n)].shape == old[k].shape for k in per_block for n in range(8))
-    assert all(new[k].shape == old[k].shape for k in shared)
+    wider = lambda shape: tuple(2 * d if d % 64 == 0 else d for d in shape)  # noqa: E731  (64 -> 128 channels)
+    assert all(tuple(new[block(k, n)].shape) == wider(old[k].shape) for k in per_block for n in range(8))
+    assert all(tuple(new[k].shape) == wider(old[k].shape) for k in shared)
+    assert tuple(new["blocks.0.cam_encoder.weight"].shape) == (128, 12)
     assert {f"blocks.{n}.cam_encoder.weight" for n in range(8)} <= set(new)
     plain = WanTransformer3DModel.from_pretrained(folder / "transformer")
-    assert plain.config.num_layers == 8
+    assert plain.config.num_layers == 8 and plain.config.num_attention_heads == 8
     start = json.loads((tmp_path / "start.json").read_text())
     assert start["n_samples"] == 2 and 0.0 <= start["cam_score_mean"] <= 1.0
     assert "held-out cam_score" in proc.stdout
