@@ -21,8 +21,9 @@
 # --dit-ffn 256 --cam-lr-mult 10"; with DIT_ARGS="--dit-init assets/tiny-recam3d" DIT_LR=2e-4 it trains the bundled
 # 4-block DiT on), WORKERS (the estimator's processes, 12).
 # Then here: benchmarks/recam3d_dit_loss.py --labels true on the folder (a minute), and recam3d_start.py's
-# translations: they must read well above 0.02-0.07 (every CPU DiT's, the 128-channel one's the highest) before the
-# folder goes into the GRPO runs (--config.pretrained.model=FOLDER) or assets/tiny-recam3d.
+# translations: they must read well above 0.08-0.12 (the best CPU DiT's: 128 channels, 12,000 steps, docs/recam.md
+# twenty-third session) before the folder goes into the GRPO runs (--config.pretrained.model=FOLDER) or
+# assets/tiny-recam3d.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 USAGE="usage: scripts/gpu_recam3d.sh [--dry-run] [--grpo FOLDER]"
