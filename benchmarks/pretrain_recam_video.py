@@ -85,11 +85,19 @@ def build_parts(seed: int, extra_words=(), z_dim: int = Z_DIM, vae_base_dim: int
     return dict(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
-def dit_optimizer(transformer: torch.nn.Module, lr: float, cam_lr_mult: float = 1.0) -> torch.optim.Optimizer:
+def dit_optimizer(transformer: torch.nn.Module, lr: float, cam_lr_mult: float = 1.0,
+                  trainable: str = "") -> torch.optim.Optimizer:
     """Stage 2's AdamW: ReCamMaster's camera layers (cam_encoder, projector) at lr * cam_lr_mult, the rest at lr, by
-    the trainer's own rule (train.lr_multipliers "cam_encoder.=M,projector.=M": build.lr_groups)."""
+    the trainer's own rule (train.lr_multipliers "cam_encoder.=M,projector.=M": build.lr_groups). `trainable`
+    (--dit-trainable, comma-separated name fragments): only those parameters train, the rest are frozen, by the
+    trainer's train.trainable_modules rule (build.train_only); "" = every parameter."""
+    from ddpo_grpo.errors import ConfigError
     from ddpo_grpo.models.recam_checkpoint import CAMERA_LAYERS
-    from ddpo_grpo.trainer.run.build import lr_groups
+    from ddpo_grpo.trainer.run.build import lr_groups, train_only
+
+    frags = tuple(f.strip() for f in trainable.split(",") if f.strip())
+    if frags and not train_only(transformer, frags):
+        raise ConfigError(f"--dit-trainable {trainable!r} names no parameter of the DiT")
 
     spec = ",".join(f"{layer}.={cam_lr_mult}" for layer in CAMERA_LAYERS) if cam_lr_mult != 1.0 else ""
     return torch.optim.AdamW(lr_groups(transformer, spec, lr), lr=lr, weight_decay=1e-4)
@@ -151,6 +159,11 @@ def main() -> None:
                     help="the DiT's spatial patch (latent pixels a side per token): 2 gives the 3-D world's 8 x 12 "
                          "latents 4 x 6 tokens a frame, 1 gives 8 x 12 (4x the tokens)")
     ap.add_argument("--dit-init", default=None, help="a saved model (folder or bundled name) whose DiT stage 2 trains on")
+    ap.add_argument("--dit-trainable", default="",
+                    help="stage 2 trains only the DiT parameters whose names hold one of these comma-separated "
+                         "fragments (the trainer's train.trainable_modules rule), e.g. 'attn1.,cam_encoder.,projector.' "
+                         "(ReCamMaster's trainable set, what recam3d_tiny_grpo trains): a child whose known error lives "
+                         "where GRPO can undo it; default every parameter")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", choices=["recam", "room3d"], default="recam",
@@ -286,7 +299,7 @@ def main() -> None:
     with torch.no_grad():
         emb = {p: pipe.encode_prompt([p], do_classifier_free_guidance=False, max_sequence_length=512,
                                      device=device)[0][0] for p in uniq}
-    opt = dit_optimizer(transformer, args.lr, args.cam_lr_mult)
+    opt = dit_optimizer(transformer, args.lr, args.cam_lr_mult, args.dit_trainable)
     t_dit = time.time()
 
     def progress(s):  # the schedule's position in [0, 1]: steps, or seconds when --dit-seconds ends it first

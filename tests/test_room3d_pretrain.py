@@ -337,3 +337,27 @@ def test_pretraining_s_cam_lr_mult_gives_exactly_the_camera_layers_their_multipl
     assert all(lr_of[i] == pytest.approx(5e-3, rel=1e-12) for i in cam)
     assert all(v == pytest.approx(5e-4, rel=1e-12) for i, v in lr_of.items() if i not in cam)
     assert len(dit_optimizer(tr, 5e-4, 1.0).param_groups) == 1
+
+
+def test_pretraining_s_dit_trainable_trains_exactly_the_named_parameters():
+    """pretrain_recam_video.dit_optimizer's `trainable` (--dit-trainable): only the parameters whose names hold a
+    fragment train (requires_grad, and in the optimizer), by the trainer's own rule (build.train_only, which
+    train.trainable_modules uses): ReCamMaster's set is self-attention and the camera layers, four blocks' worth; a
+    fragment that names nothing is one ConfigError line."""
+    from benchmarks.pretrain_recam_video import build_parts, dit_optimizer
+    from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.models.recam import ADAPTER, add_camera_layers
+
+    tr = add_camera_layers(build_parts(0)["transformer"])
+    opt = dit_optimizer(tr, 5e-4, 10.0, ",".join(ADAPTER.full_trainable))
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    named = {n: p for n, p in tr.named_parameters()}
+    want = {n for n in named if ".attn1." in n or ".cam_encoder." in n or ".projector." in n}
+    assert want and len(want) < len(named)
+    assert {n for n, p in named.items() if p.requires_grad} == want
+    assert in_opt == {id(named[n]) for n in want}
+    cam = [p for b in tr.blocks for m in (b.cam_encoder, b.projector) for p in m.parameters()]
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert all(lr_of[id(p)] == pytest.approx(5e-3, rel=1e-12) for p in cam)
+    with pytest.raises(ConfigError, match="names no parameter"):
+        dit_optimizer(add_camera_layers(build_parts(0)["transformer"]), 5e-4, 1.0, "no_such_layer.")

@@ -133,6 +133,17 @@ def trainable_modules(config, adapter) -> tuple:
     return chosen or adapter.lora_target_modules, chosen or adapter.full_trainable
 
 
+def train_only(module: torch.nn.Module, fragments) -> int:
+    """requires_grad on exactly the parameters of `module` whose names hold one of the name `fragments` (the rule of
+    train.trainable_modules for a full fine-tune; the pretraining's --dit-trainable uses it too); returns how many
+    tensors train."""
+    n = 0
+    for name, p in module.named_parameters():
+        p.requires_grad_(any(f in name for f in fragments))
+        n += p.requires_grad
+    return n
+
+
 def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trainable=()) -> torch.optim.Optimizer:
     """LoRA adapters (peft, on the architecture's target_modules: ModelAdapter.lora_target_modules) or the full
     denoiser made trainable (only the parameters whose names hold one of `full_trainable`'s fragments where it is
@@ -160,8 +171,7 @@ def make_trainable(unet: torch.nn.Module, config, target_modules=None, full_trai
         # adapters, whose small AdamW updates round away. The trainable parameters are float32 master weights.
         cast_training_params(unet, TRAINABLE_DTYPE)
     elif full_trainable:
-        for name, p in unet.named_parameters():
-            p.requires_grad_(any(f in name for f in full_trainable))
+        train_only(unet, full_trainable)
     else:
         unet.requires_grad_(True)
     t = config.train
