@@ -117,6 +117,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.sample.eta = 1.0  # DDIM stochasticity; must be > 0 for a log-probability
     config.sample.noise_level = 0.7  # flow models: SDE noise level (0 = ODE)
     config.sample.sde_type = "sde"  # flow models: "sde" (Flow-GRPO) | "cps" (coefficients-preserving)
+    # Flow "sde": b > 1 draws each step's noise constant over b x b blocks of the latents' last two dims and scores
+    # the block means only (core/sde_with_logprob.py): the same low-frequency exploration without the high-frequency
+    # part of the policy gradient's noise, for a reward that reads the layout (a camera's motion). 1 = the full noise.
+    config.sample.noise_pool = 1
     config.sample.sde_window_size = 0  # noise (flow SDE / DDIM eta) and training on a window of w steps only, ODE / eta 0 elsewhere (0 = all steps)
     config.sample.sde_window_mode = "random"  # "fixed" | "random" | "sliding"
     config.sample.sde_window_start = 0  # start of a "fixed" window

@@ -72,6 +72,9 @@ def _window(c, size, start=0, mode="fixed", sde_type="sde", steps=10):
     # cps's last step has no noise (σ' = 0): deterministic, a window has 9 of the 10 steps
     (lambda c: _window(c, 3, start=7, sde_type="cps"), "= 10 exceeds the 9 stochastic steps"),
     (lambda c: _window(c, 10, mode="random", sde_type="cps"), "sample.sde_window_size=10 exceeds the 9 stochastic"),
+    (lambda c: setattr(c.sample, "noise_pool", 0), r"sample.noise_pool=0 must be an int >= 1"),
+    (lambda c: (setattr(c.sample, "noise_pool", 2), setattr(c.sample, "sde_type", "cps")),
+     r"sample.noise_pool=2 is defined for sample.sde_type='sde', got 'cps'"),
 ])
 def test_sde_settings_validation_errors(edit, msg):
     from ddpo_grpo.trainer.run.validate import validate_config
@@ -299,3 +302,19 @@ def test_the_memory_plan_counts_what_trainable_modules_trains():
     assert default.full_trainable == sum(p.numel() for p in unet.parameters())
     assert chosen.full_trainable == sum(p.numel() for m in to_q for p in m.parameters())
     assert chosen.lora == sum(config.lora_rank * (m.in_features + m.out_features) for m in to_q) < default.lora
+
+
+def test_noise_pool_is_a_flow_option_and_reaches_the_sampler():
+    """sample.noise_pool: a DDIM config with it is one ConfigError line; a flow config validates and its sampler
+    settings carry it (what the sampling and the re-scoring steps read)."""
+    from ddpo_grpo.trainer.epoch.sampling import sampler_settings
+    from ddpo_grpo.trainer.run.validate import validate_config
+
+    c = _config("tiny")
+    c.sample.noise_pool = 2
+    with pytest.raises(ConfigError, match="sample.noise_pool=2: low-frequency step noise is a flow SDE option"):
+        validate_config(c, num_processes=1)
+    f = _config("tiny_flow")
+    f.sample.noise_pool = 2
+    validate_config(f, num_processes=1)
+    assert sampler_settings(f, "flow").noise_pool == 2 and sampler_settings(_config("tiny_flow"), "flow").noise_pool == 1

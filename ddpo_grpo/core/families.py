@@ -227,6 +227,9 @@ class DDIMFamily(ModelFamily):
         if grid != "scheduler" or shift:
             raise ConfigError(f"sample.flow_grid={grid!r} / sample.flow_shift={shift!r} apply to flow models; a DDIM "
                               "model keeps 'scheduler' / 0")
+        if getattr(sample, "noise_pool", 1) != 1:
+            raise ConfigError(f"sample.noise_pool={sample.noise_pool}: low-frequency step noise is a flow SDE option; "
+                              "a DDIM model keeps 1")
         if sample.eta <= 0:
             raise ConfigError(f"sample.eta={sample.eta}: DDIM with eta=0 is deterministic and has no log-probability; "
                               "use eta > 0 for training (evaluation uses eta=0 by itself)")
@@ -269,7 +272,7 @@ class FlowFamily(ModelFamily):
         # The flow step reads sigmas[i] and sigmas[i + 1] by position; the timestep value is not needed.
         return sde_step_with_logprob(scheduler, model_output, step_index, sample, noise_level=settings.noise_level,
                                      prev_sample=prev_sample, generator=generator, sde_type=settings.sde_type,
-                                     validate=validate)
+                                     validate=validate, noise_pool=getattr(settings, "noise_pool", 1))
 
     def ode_step(self, scheduler, model_output, timestep, step_index, sample, validate=True) -> torch.Tensor:
         return flow_ode_step(scheduler, model_output, step_index, sample, validate=validate)
@@ -301,6 +304,11 @@ class FlowFamily(ModelFamily):
         check_flow_grid(getattr(sample, "flow_grid", "scheduler"), getattr(sample, "flow_shift", 0.0))
         if sample.noise_level <= 0:
             raise ConfigError(f"sample.noise_level={sample.noise_level}: the flow ODE has no log-probability; use > 0")
+        pool = getattr(sample, "noise_pool", 1)
+        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
+            raise ConfigError(f"sample.noise_pool={pool!r} must be an int >= 1 (1: the full step noise)")
+        if pool > 1 and sample.sde_type != "sde":
+            raise ConfigError(f"sample.noise_pool={pool} is defined for sample.sde_type='sde', got {sample.sde_type!r}")
         super().check_sample_config(sample)
 
 

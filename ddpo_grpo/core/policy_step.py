@@ -34,6 +34,7 @@ class SamplerSettings:
     eta: float = 1.0
     noise_level: float = 0.7
     sde_type: str = "sde"
+    noise_pool: int = 1  # flow "sde": step noise constant over noise_pool x noise_pool latent blocks (sde_with_logprob)
 
 
 def denoiser_output(

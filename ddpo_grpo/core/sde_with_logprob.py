@@ -20,6 +20,16 @@ with the same marginals, N(x_{σ'}; mean, std² I). Two choices are implemented:
         x̂0 = x - σ v,  x̂1 = x + (1 - σ) v,   std = σ' · sin(η π / 2)
         mean = (1 - σ') · x̂0 + sqrt(σ'² - std²) · x̂1
 
+Low-frequency step noise (`noise_pool` = b > 1, "sde" only): the step draws its noise constant over b × b
+blocks of the last two (spatial) dims, i.e. P ε with P the orthogonal projection onto block-constant tensors (block
+mean, then repeated over the block), and the score correction of "sde" is projected by P too (the reverse SDE with
+diffusion s² P keeps the path's marginals the same way). The step is then a Gaussian on the block means only:
+        log p = log N(block_mean(x'); block_mean(mean), (std / b)²)   averaged over the C·F·(H/b)·(W/b) block dims,
+and the complement (I - P) x' is the deterministic (I - P) mean. The exploration in the block means is the full step's
+(P ε is exactly the low-frequency part of ε); what goes is the high-frequency part of the score function's noise, which
+a reward that reads only the layout (a camera's motion) cannot rank. `mean` and `std` stay the full step's, so a
+Gaussian KL from them (the reference, the policy shift) measures the whole mean, the deterministic part included.
+
 η = `noise_level` ∈ (0, 1]. All math runs in float32; the drawn sample is cast to the dtype of
 `sample` before it is scored, so re-scoring a stored trajectory reproduces the log-probability.
 """
@@ -58,10 +68,31 @@ def _sigmas_for_step(scheduler, step_index: StepIndexLike, sample: torch.Tensor,
     return sigma, sigma_next
 
 
+def block_mean(x: torch.Tensor, b: int) -> torch.Tensor:
+    """(..., H, W) -> (..., H / b, W / b): the mean of each b × b block of the last two dims (b = 1: x itself).
+    ValueError where H or W is not a multiple of b."""
+    if b == 1:
+        return x
+    h, w = x.shape[-2:]
+    if h % b or w % b:
+        raise ValueError(f"noise_pool={b}: the latents' last two dims {h} x {w} must be multiples of it")
+    return x.reshape(*x.shape[:-2], h // b, b, w // b, b).mean(dim=(-3, -1))
+
+
+def block_project(x: torch.Tensor, b: int) -> torch.Tensor:
+    """P x (same shape as x (..., H, W)): each b × b block of the last two dims replaced by its mean, the orthogonal
+    projection onto block-constant tensors (symmetric, P P = P)."""
+    if b == 1:
+        return x
+    return block_mean(x, b).repeat_interleave(b, dim=-2).repeat_interleave(b, dim=-1)
+
+
 def _sde_mean_std(sigma: torch.Tensor, sigma_next: torch.Tensor, x: torch.Tensor, v: torch.Tensor,
-                  noise_level: float, sde_type: str, validate: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+                  noise_level: float, sde_type: str, validate: bool = True, noise_pool: int = 1
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Float32 mean (B, ...) and std (B, 1, ..., 1) of the stochastic step; σ, σ' are (B,). validate: as in
-    _sigmas_for_step."""
+    _sigmas_for_step. noise_pool b > 1: the noise lives in the block-constant subspace, so "sde"'s score correction is
+    projected onto it (the module docstring); "sde" only."""
     ndim = x.ndim
     dt = expand_to_ndim(sigma_next - sigma, ndim)
     if sde_type == "sde":
@@ -76,9 +107,15 @@ def _sde_mean_std(sigma: torch.Tensor, sigma_next: torch.Tensor, x: torch.Tensor
         s = noise_level * torch.sqrt(sigma_for_scale / (1.0 - sigma_for_scale))
         s = expand_to_ndim(s, ndim)
         sig = expand_to_ndim(sigma, ndim)
-        mean = x * (1.0 + s**2 * dt / (2.0 * sig)) + v * (1.0 + s**2 * (1.0 - sig) / (2.0 * sig)) * dt
+        if noise_pool == 1:
+            mean = x * (1.0 + s**2 * dt / (2.0 * sig)) + v * (1.0 + s**2 * (1.0 - sig) / (2.0 * sig)) * dt
+        else:  # the same mean, x + v dt + s² dt / (2σ) (x + (1 - σ) v), its correction along the noise's subspace
+            mean = x + v * dt + block_project(s**2 * dt / (2.0 * sig) * (x + (1.0 - sig) * v), noise_pool)
         std = s * torch.sqrt(-dt)
     elif sde_type == "cps":
+        if noise_pool != 1:
+            raise ValueError("noise_pool > 1 is defined for sde_type='sde' (CPS's re-noising would need the "
+                             "high-frequency part kept at sigma')")
         sig = expand_to_ndim(sigma, ndim)
         sig_next = expand_to_ndim(sigma_next, ndim)
         pred_x0 = x - sig * v           # data endpoint
@@ -101,6 +138,7 @@ def sde_step_with_logprob(
     generator: GeneratorLike = None,
     sde_type: str = "sde",
     validate: bool = True,
+    noise_pool: int = 1,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One stochastic flow-matching step σ → σ' and its log-probability under the policy.
 
@@ -120,11 +158,14 @@ def sde_step_with_logprob(
         validate: check the step index, the schedule's direction and std > 0 (host syncs on an accelerator).
             False only where the caller checked the schedule's steps once already (the sampler: its stored steps
             are ModelFamily.stochastic_steps', whose stds step_stds computed for every step).
+        noise_pool: b ≥ 1; b > 1 draws the noise constant over b × b blocks of the last two dims (H, W multiples
+            of b; sde_type "sde") and scores the block means only (the module docstring).
 
     Returns:
         `(prev_sample, log_prob, mean, std)`: prev_sample (B, C, H, W) in `sample.dtype` (or
         the given one); log_prob (B,) float32, the Gaussian log density averaged over non-batch
-        dims of exactly that prev_sample; mean (B, C, H, W) float32; std (B, 1, 1, 1) float32.
+        dims of exactly that prev_sample (with noise_pool b: of its block means, averaged over the block dims);
+        mean (B, C, H, W) float32; std (B, 1, 1, 1) float32 (the full step's, also with noise_pool).
 
     Raises:
         ValueError: if noise_level <= 0, or if std == 0 for some sample (cps at the final step,
@@ -136,20 +177,30 @@ def sde_step_with_logprob(
     if sde_type not in SDE_TYPES:
         raise ValueError(f"sde_type must be one of {SDE_TYPES}, got {sde_type!r}")
     sigma, sigma_next = _sigmas_for_step(scheduler, step_index, sample, validate)
-    mean, std = _sde_mean_std(sigma, sigma_next, sample.float(), model_output.float(), noise_level, sde_type, validate)
+    noise_pool = int(noise_pool)
+    if noise_pool < 1:
+        raise ValueError(f"noise_pool must be an int >= 1, got {noise_pool}")
+    if noise_pool > 1 and sample.ndim < 4:  # packed latents (FLUX's (B, tokens, C)) have no spatial last two dims
+        raise ValueError(f"noise_pool={noise_pool} needs latents (B, C, [F,] H, W), got shape {tuple(sample.shape)}")
+    mean, std = _sde_mean_std(sigma, sigma_next, sample.float(), model_output.float(), noise_level, sde_type, validate,
+                              noise_pool)
     if validate:
         check_positive_std(std, f"the {sde_type!r} step has zero std for some sample (e.g. cps at the final step, "
                                 "where sigmas[i+1] == 0), so its log-probability is undefined; "
                                 "take that step with flow_ode_step")
 
     if prev_sample is None:
-        noise = draw_noise(sample.shape, generator, sample.device)
+        noise = block_project(draw_noise(sample.shape, generator, sample.device), noise_pool)
         # Cast first, score after: the log-prob must be that of the value actually stored.
         # Detached because the action is a sample: the policy gradient flows through the
         # log-prob's mean/std only (score function), never through the drawn value.
         prev_sample = (mean + std * noise).detach().to(sample.dtype)
 
-    log_prob = gaussian_log_prob(prev_sample.float(), mean, std)
+    if noise_pool == 1:
+        log_prob = gaussian_log_prob(prev_sample.float(), mean, std)
+    else:  # the block means of P ε · std are N(0, (std / b)²), independent across blocks
+        log_prob = gaussian_log_prob(block_mean(prev_sample.float(), noise_pool), block_mean(mean, noise_pool),
+                                     std / noise_pool)
     return prev_sample, log_prob, mean, std
 
 

@@ -227,7 +227,8 @@ def mirrored_noise(config, sampler, epoch: int, process: int, num_processes: int
 
 def sampler_settings(config, family: str) -> SamplerSettings:
     return SamplerSettings(family=family, guidance_scale=config.sample.guidance_scale, eta=config.sample.eta,
-                           noise_level=config.sample.noise_level, sde_type=config.sample.sde_type)
+                           noise_level=config.sample.noise_level, sde_type=config.sample.sde_type,
+                           noise_pool=int(config.sample.get("noise_pool", 1)))
 
 
 def active_dropout(module: torch.nn.Module) -> List[str]:
