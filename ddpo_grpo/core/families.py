@@ -248,6 +248,8 @@ class FlowFamily(ModelFamily):
         grid, shift = getattr(scheduler, "flow_grid", "scheduler"), getattr(scheduler, "flow_grid_shift", 0.0)
         how = "" if grid == "scheduler" else f", grid {grid}"
         how += f", shift {shift:g}" if shift else ""
+        pool = getattr(sample, "noise_pool", 1)
+        how += f", step noise in {pool}x{pool} latent blocks" if pool > 1 else ""
         return f" ({sample.sde_type}, noise_level {sample.noise_level}{how})"
 
     def set_timesteps(self, scheduler, num_steps: int) -> None:
