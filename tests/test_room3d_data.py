@@ -80,7 +80,7 @@ def test_cam_margin_is_cam_score_against_the_request_minus_against_its_opposite(
     opposite motion's render clearly negative and a still camera's near 0 (it misses both alike)."""
     import torch
 
-    from ddpo_grpo.rewards.registry import get_reward_fn
+    from ddpo_grpo.rewards.registry import RewardError, get_reward_fn
     from ddpo_grpo.worlds.recam.cam_score import make_cam_score
     from ddpo_grpo.worlds.room3d import intrinsics, make_scene, render_clip, source_pose, static_path
     from ddpo_grpo.worlds.room3d.paths import clip_cameras, opposite_motion
@@ -102,5 +102,9 @@ def test_cam_margin_is_cam_score_against_the_request_minus_against_its_opposite(
     np.testing.assert_allclose(det["cam_opposite"], o, atol=1e-6)
     np.testing.assert_allclose(margin, np.asarray(s) - np.asarray(o), atol=1e-6)
     assert margin[0] > 0.6 and margin[1] < -0.6 and abs(margin[2]) < 0.15
+    half, _ = get_reward_fn("cam_margin", opposite_weight=0.5, **kw)(clips, [""] * 3, meta)  # s - 0.5 o
+    np.testing.assert_allclose(half, np.asarray(s) - 0.5 * np.asarray(o), atol=1e-6)
+    with pytest.raises(RewardError, match="opposite_weight"):  # one line naming the option
+        get_reward_fn("cam_margin", opposite_weight=1.5, **kw)
     with pytest.raises(Exception, match="cam_margin scores room3d clips"):  # an item of another world: one clear line
         get_reward_fn("cam_margin", **kw)(clips[:1], [""], [{"cameras": meta[0]["cameras"]}])

@@ -33,10 +33,16 @@ def opposite_item(item: dict) -> dict:
     return dict(item, cameras=torch.from_numpy(opposite_cameras(item)).float())
 
 
-def make_cam_margin(**cam_score_kwargs):
-    """Reward fn for room3d clips (B, F, 3, H, W): (B,) cam_score(requested) - cam_score(opposite), in [-1, 1], with
-    make_cam_score's options (pose_estimator, pose_estimator_kwargs, workers, tau_rot, ...). Each clip is estimated
-    twice (once per request); details: "cam_score", "cam_opposite" and the requested score's own details."""
+def make_cam_margin(opposite_weight: float = 1.0, **cam_score_kwargs):
+    """Reward fn for room3d clips (B, F, 3, H, W): (B,) cam_score(requested) - opposite_weight * cam_score(opposite),
+    in [-w, 1], with make_cam_score's options (pose_estimator, pose_estimator_kwargs, workers, tau_rot, ...). Each clip
+    is estimated twice (once per request); details: "cam_score", "cam_opposite" and the requested score's own details.
+    Writing s = R + D and o = R - D (R: what both requests score alike, how well the clip is read; D: its direction),
+    the reward is (1 - w) R + (1 + w) D: w = 1 ranks on the direction alone, w = 0 is cam_score, w in between keeps
+    paying for a clip being read while weighting its direction (1 + w) / (1 - w) times as much."""
+    if not 0.0 <= float(opposite_weight) <= 1.0:
+        raise ValueError(f"cam_margin's opposite_weight must be in [0, 1], got {opposite_weight!r}")
+    w = float(opposite_weight)
     score = make_cam_score(**cam_score_kwargs)
 
     def cam_margin(videos, prompts, metadata):
@@ -44,7 +50,7 @@ def make_cam_margin(**cam_score_kwargs):
         s, details = score(videos, prompts, metadata)
         o, _ = score(videos, prompts, opposite)
         s, o = np.asarray(s, np.float32), np.asarray(o, np.float32)
-        return s - o, dict(details, cam_score=s, cam_opposite=o)
+        return s - np.float32(w) * o, dict(details, cam_score=s, cam_opposite=o)
 
     cam_margin.takes_clips = True  # whole clips, as cam_score takes them
     return cam_margin
