@@ -144,6 +144,39 @@ def test_adaptive_lr_scale_follows_the_policy_shift():
     assert adapt_lr_scale(LR_SCALE_BOUNDS[1], 0.0, 1e-3) == LR_SCALE_BOUNDS[1]
 
 
+def test_shift_target_decays_as_the_lr_schedule_squared():
+    """With train.target_shift_kl and a decaying lr_schedule, the policy-shift target at epoch e is the target times
+    the schedule's decay squared (a KL grows as the step's square), the decay lr_factor applies: so when the lr comes
+    down by the schedule, the shift it makes is on target and the adaptive factor stays, instead of climbing 1.5 x an
+    epoch to undo the decay."""
+    import math
+
+    from ml_collections import ConfigDict
+
+    from ddpo_grpo.trainer.epoch.training import adapt_lr_scale, shift_target
+    from ddpo_grpo.trainer.run.build import RunState, lr_factor
+
+    cfg = ConfigDict({"num_epochs": 40, "train": {"target_shift_kl": 2e-5, "lr_schedule": "constant"}})
+    assert [shift_target(cfg, e) for e in (0, 17, 39)] == [2e-5] * 3  # constant: the target as given
+    cfg.train.lr_schedule = "cosine"
+    for e in (0, 10, 20, 30, 39):
+        d = 0.5 * (1.0 + math.cos(math.pi * e / 40))
+        assert shift_target(cfg, e) == pytest.approx(2e-5 * d * d, rel=1e-12)
+    cfg.train.lr_schedule = "linear"
+    assert shift_target(cfg, 30) == pytest.approx(2e-5 * 0.25 ** 2, rel=1e-12)
+    cfg.train.target_shift_kl = 0.0
+    assert shift_target(cfg, 30) == 0.0  # off stays off
+    # A policy whose shift is c * lr^2 (a small step's KL), under the schedule: the factor never moves.
+    cfg.train.target_shift_kl, cfg.train.lr_schedule = 2e-5, "cosine"
+    state = RunState()
+    factor = lr_factor("cosine", 0, 40, state)
+    c = 2e-5 / factor(0) ** 2  # on target at epoch 0
+    for e in range(40):
+        state.epoch = e
+        shift = c * factor(100) ** 2
+        assert adapt_lr_scale(state.lr_scale, shift, shift_target(cfg, e)) == state.lr_scale == 1.0
+
+
 def test_weighted_k_repeat_sampler_balances_singles_and_pairs():
     from ddpo_grpo.trainer.run.data import ToyWorldConditions
 

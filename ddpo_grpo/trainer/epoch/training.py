@@ -19,8 +19,8 @@ from .advantages import EpochAdvantages
 from .metrics import EpochMetrics
 from .rescoring import (call_inputs, gather_sampler_gap, old_logprobs_counts, rescore_old_logprobs, sampler_gap,
                         score, settings_mismatch, truncated_is_weight, worst_gap)
-from .update import (optimizer_step, plan_epoch, probe_sizes, step_weights, steps_per_sample, untrained_columns,
-                     zero_loss)
+from .update import (optimizer_step, plan_epoch, probe_sizes, schedule_decay, step_weights, steps_per_sample,
+                     untrained_columns, zero_loss)
 from ..checks.verification import check_onpolicy, check_sampler_gap, gather_worst, run_old_logprobs
 
 
@@ -152,7 +152,7 @@ def train_epoch(ctx, samples: EpochSamples, adv: EpochAdvantages, epoch: int) ->
             optimizer_step(ctx, params, metrics)
     shift = policy_shift_kl(ctx, settings, samples, *first)
     metrics.add("policy_shift_kl", shift)
-    target = config.train.get("target_shift_kl", 0.0)
+    target = shift_target(config, ctx.state.epoch)
     if target > 0:
         scale = adapt_lr_scale(ctx.state.lr_scale, shift, target)
         for g in ctx.optimizer.param_groups:  # the next step's lr, not one step later (the scheduler's next call)
@@ -275,6 +275,17 @@ def policy_shift_kl(ctx, settings, samples, idx, cols, mean_before: torch.Tensor
     kl = kl_penalty(res.log_prob, KLInputs(mean=res.mean.float(), ref_mean=mean_before, std=std), "gaussian")
     # every process must see the same value (train.target_shift_kl sets each process's lr from it)
     return float(ctx.accelerator.gather(kl.mean().reshape(1)).mean())
+
+
+def shift_target(config, epoch: int) -> float:
+    """train.target_shift_kl at this epoch: the target times the lr schedule's decay squared (update.schedule_decay),
+    so that with "cosine" or "linear" the policy shift decays as the step does. Without it the adaptive rule would
+    raise the lr back by 1.5 x an epoch as soon as the schedule lowered it."""
+    target = float(config.train.get("target_shift_kl", 0.0))
+    schedule = config.train.get("lr_schedule", "constant")
+    if target <= 0 or schedule == "constant":
+        return target
+    return target * schedule_decay(schedule, epoch, config.num_epochs) ** 2
 
 
 LR_SCALE_BOUNDS = (1e-2, 1e2)  # the adaptive factor stays within these multiples of train.learning_rate

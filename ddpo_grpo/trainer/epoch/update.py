@@ -133,6 +133,19 @@ def plan_epoch(samples: EpochSamples, config, epoch: int, rank: int, per_call: i
                     calls_per_microbatch=per_inner[0][1] if per_inner else 1)
 
 
+def schedule_decay(schedule: str, epoch: int, num_epochs: int) -> float:
+    """train.lr_schedule's decay at an epoch (after warmup): "constant" 1, "cosine" 1/2 (1 + cos(pi e / E)), "linear"
+    1 - e / E, e clamped to [0, E]. The one rule for both the lr (run.build.lr_factor) and, squared, the policy-shift
+    target of train.target_shift_kl (training.shift_target): a KL grows as the step's square, so the adaptive rule
+    keeps the schedule's decay instead of undoing it."""
+    progress = min(max(epoch / max(num_epochs, 1), 0.0), 1.0)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 1.0
+
+
 def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
     """A zero with a graph to every parameter: keeps DDP's reducer in step when a call has nothing to train."""
     return sum(p.reshape(-1)[0] * 0.0 for p in params)

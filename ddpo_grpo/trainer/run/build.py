@@ -3,7 +3,6 @@ bad input stops the run with one clear line before any model is loaded."""
 from __future__ import annotations
 
 import contextlib
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
@@ -14,6 +13,7 @@ from ddpo_grpo.errors import ConfigError
 from .data import KRepeatSampler, build_dataset
 from .lr_multipliers import parse_lr_multipliers
 from ..epoch.sampling import branch_spec, check_window, scheduler_note
+from ..epoch.update import schedule_decay
 
 
 @dataclass
@@ -115,12 +115,7 @@ def lr_factor(schedule: str, warmup_steps: int, num_epochs: int, state: RunState
     def factor(step: int) -> float:
         w = float(step) / float(max(1.0, warmup_steps)) if step < warmup_steps else 1.0
         w *= state.lr_scale  # 1.0 unless train.target_shift_kl adapts it
-        progress = min(max(state.epoch / max(num_epochs, 1), 0.0), 1.0)
-        if schedule == "cosine":
-            return w * 0.5 * (1.0 + math.cos(math.pi * progress))
-        if schedule == "linear":
-            return w * (1.0 - progress)
-        return w
+        return w * schedule_decay(schedule, state.epoch, num_epochs)
 
     return factor
 
