@@ -162,7 +162,8 @@ def get_config() -> ml_collections.ConfigDict:
     # > 0 (grpo): adapt the lr every epoch so that the update's policy shift (train/policy_shift_kl: the exact KL
     # between the step Gaussians before and after the epoch's update, mean over dims) stays near this value:
     # lr / 1.5 above 2x, lr * 1.5 below 0.5x (PPO's adaptive rule). The clipped ratio cannot bound that shift
-    # (docs/efficacy.md). 0 = off: the lr follows lr_schedule alone.
+    # (docs/efficacy.md). 0 = off: the lr follows lr_schedule alone. With "cosine" / "linear" the target decays as
+    # the schedule's factor squared (training.shift_target), so the rule keeps the decay rather than undoing it.
     config.train.target_shift_kl = 0.0
     # Per-module lr: "fragment=multiplier,..." gives the trainable parameters whose names hold a fragment lr * that
     # multiplier (e.g. "cam_encoder.=10,projector.=10": ReCamMaster's camera layers, whose varying inputs are small);
