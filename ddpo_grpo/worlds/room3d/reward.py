@@ -40,9 +40,9 @@ def make_cam_margin(opposite_weight: float = 1.0, **cam_score_kwargs):
     Writing s = R + D and o = R - D (R: what both requests score alike, how well the clip is read; D: its direction),
     the reward is (1 - w) R + (1 + w) D: w = 1 ranks on the direction alone, w = 0 is cam_score, w in between keeps
     paying for a clip being read while weighting its direction (1 + w) / (1 - w) times as much."""
-    if not 0.0 <= float(opposite_weight) <= 1.0:
-        raise ValueError(f"cam_margin's opposite_weight must be in [0, 1], got {opposite_weight!r}")
     w = float(opposite_weight)
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"cam_margin's opposite_weight must be in [0, 1], got {opposite_weight!r}")
     score = make_cam_score(**cam_score_kwargs)
 
     def cam_margin(videos, prompts, metadata):
