@@ -54,6 +54,7 @@ setup(
             "cam_score = ddpo_grpo.worlds.recam.cam_score:make_cam_score",
             "unifiedscore = ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
             "cam_margin = ddpo_grpo.worlds.room3d.reward:make_cam_margin",  # requested - opposite (docs/recam.md)
+            "view_match = ddpo_grpo.worlds.room3d.reward:make_view_match",  # looks like the requested render (docs)
         ],
         # model_index.json `_class_name` -> its adapter (models/registry.py): ours are registered as a user's plugin
         # would be (docs/models.md). models.recam is chosen by pretrained.recam_checkpoint, not by a class name.

@@ -35,7 +35,7 @@ TASKS = {
     "the bundled flow-matching model (recipes/toy.py)": [toy.tiny_flow, toy.tiny_flow_window],
     "camera control: ReCamMaster at real shape, its CPU analogues (2-D, 3-D), the 2-D image world (recipes/recam.py)": [
         camera.recam, camera.recam_video_tiny, camera.recam_video_tiny_grpo, camera.recam3d_tiny_grpo,
-        camera.recam3d_tiny_nft, camera.recam_image, camera.recam_image_tiny],
+        camera.recam3d_tiny_grpo_view, camera.recam3d_tiny_nft, camera.recam_image, camera.recam_image_tiny],
     "model families: each one's tiny build on this CPU, the config for a user's folder (recipes/families.py)": [
         family.sd15_random_bench, family.sd3_tiny, family.sd3, family.sdxl_tiny, family.sdxl, family.flux_tiny,
         family.flux, family.wan_tiny, family.wan],

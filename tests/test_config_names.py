@@ -20,7 +20,7 @@ FAMILY = {
     "tiny_colour_branch": "ddim", "tiny_branch": "ddim", "ddpo": "ddim", "tiny_per_step": "ddim", "tiny_raft": "ddim",
     "tiny_nft": "ddim", "tiny_kl": "ddim", "compressibility": "ddim", "incompressibility": "ddim", "aesthetic": "ddim",
     "tiny_flow": "flow", "tiny_flow_window": "flow", "recam": "flow", "recam_video_tiny": "flow", "recam_video_tiny_grpo": "flow",
-    "recam3d_tiny_grpo": "flow",
+    "recam3d_tiny_grpo": "flow", "recam3d_tiny_grpo_view": "flow",
     "recam3d_tiny_nft": "flow",
     "recam_image": "ddim", "recam_image_tiny": "ddim", "sd15_random_bench": "ddim",
     "sd3_tiny": "flow", "sd3": "flow", "sdxl_tiny": "ddim", "sdxl": "ddim",

@@ -108,3 +108,46 @@ def test_cam_margin_is_cam_score_against_the_request_minus_against_its_opposite(
         get_reward_fn("cam_margin", opposite_weight=1.5, **kw)
     with pytest.raises(Exception, match="cam_margin scores room3d clips"):  # an item of another world: one clear line
         get_reward_fn("cam_margin", **kw)(clips[:1], [""], [{"cameras": meta[0]["cameras"]}])
+
+
+def test_view_match_against_a_float64_ncc_and_ordered_by_how_far_a_clip_leans():
+    """The registered view_match through the reward registry: on the true clip, the opposite motion's render, a 70/30
+    blend of the two and a still camera (eval items: a pan and a tilt), it equals m_req - w m_opp computed here in
+    float64 (per frame 1..8: zero-mean NCC after the same Gaussian blur), orders true > blend > still > opposite, and
+    rises monotonically with the blend's weight on the true clip; bad options and items of another world fail in
+    one line."""
+    from ddpo_grpo.rewards.registry import get_reward_fn
+    from ddpo_grpo.worlds.room3d import intrinsics, make_scene, render_clip, source_pose, static_path
+    from ddpo_grpo.worlds.room3d.paths import opposite_motion
+    from ddpo_grpo.worlds.room3d.reward import _blur
+
+    data = Room3DConditions("eval", seed=0)
+    for it in (data[0], data[3]):
+        scene = make_scene(it["scene_seed"])
+        src, K = source_pose(scene), intrinsics(32, 48)
+        opp = render_clip(scene, src @ opposite_motion(np.asarray(it["target_path"], np.float64), it["preset"])[0], K,
+                          32, 48, 2)
+        true, still = it["target_video"], render_clip(scene, src @ static_path(9), K, 32, 48, 2)
+        lam = np.linspace(0.0, 1.0, 6)
+        clips = np.stack([true, opp, still] + [a * true + (1 - a) * opp for a in lam]).astype(np.float32)
+        r, det = get_reward_fn("view_match", opposite_weight=0.5, blur_px=1.0)(torch.from_numpy(clips), None,
+                                                                               [it] * len(clips))
+
+        def ncc64(x, y):  # (F-1) frames blurred as the reward blurs them, the correlation in float64
+            bx = _blur(torch.from_numpy(x[1:]), 1.0).double().flatten(1).numpy()
+            by = _blur(torch.from_numpy(y[1:]), 1.0).double().flatten(1).numpy()
+            bx, by = bx - bx.mean(1, keepdims=True), by - by.mean(1, keepdims=True)
+            return float(np.mean((bx * by).sum(1) / np.linalg.norm(bx, axis=1) / np.linalg.norm(by, axis=1)))
+
+        want = np.array([ncc64(c, true) - 0.5 * ncc64(c, opp) for c in clips])
+        np.testing.assert_allclose(r, want, atol=2e-5)
+        np.testing.assert_allclose(det["view_requested"], [ncc64(c, true) for c in clips], atol=2e-5)
+        assert r[0] > r[3 + 3] > r[2] > r[1]  # true > 60 % true blend > still > opposite
+        assert np.all(np.diff(r[3:]) > 0)  # the more a blend leans to the request, the more it earns
+        assert r[0] == pytest.approx(1.0 - 0.5 * ncc64(true, opp), abs=2e-5)
+    with pytest.raises(ConfigError, match="view_match's opposite_weight"):  # a config error: one line, exit 2
+        get_reward_fn("view_match", opposite_weight=-0.1)
+    with pytest.raises(ConfigError, match="blur_px"):
+        get_reward_fn("view_match", blur_px=20)
+    with pytest.raises(Exception, match="view_match scores room3d clips"):  # wrapped by the registry: one line
+        get_reward_fn("view_match")(torch.zeros(1, 9, 3, 32, 48), None, [{"cameras": None}])

@@ -166,6 +166,20 @@ def recam3d_tiny_grpo():
     return config
 
 
+def recam3d_tiny_grpo_view():
+    """recam3d_tiny_grpo trained on `view_match` (how much more each clip looks like the exact render along the
+    requested path than like the opposite motion's, w = 0.5; the world renders both, no camera is estimated) instead
+    of cam_score; held-out cam_score is scored beside it as the gold reward (logged gold/cam_score on every eval)."""
+    config = recam3d_tiny_grpo()
+    cam = config.reward.kwargs["cam_score"]
+    config.reward.fns = {"view_match": 1.0}
+    config.reward.kwargs = {"view_match": {"opposite_weight": 0.5, "blur_px": 1.0}}
+    config.reward.gold = {"cam_score": 1.0}
+    config.reward.gold_kwargs = {"cam_score": cam}
+    config.reward.gold_train_samples = 0
+    return config
+
+
 def recam3d_tiny_nft():
     """recam_video_tiny's DiffusionNFT recipe (GRPO's group advantages, re-noised at u >= 0.6, soft-updated sampling
     policy, 40 epochs x 128 clips) on the 3-D camera world with `tiny-recam3d` (_room3d): the clipped-ratio recipe's

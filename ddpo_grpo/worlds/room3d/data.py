@@ -36,6 +36,15 @@ NUM_FRAMES = 9
 HEIGHT, WIDTH = 32, 48
 
 
+def render_path(scene_seed: int, path: np.ndarray, K: np.ndarray, height: int, width: int,
+                supersample: int = 2) -> np.ndarray:
+    """float32 (F, 3, H, W) in [0, 1]: room `scene_seed` filmed along `path` (F, 4, 4, relative to its source camera:
+    world = source_pose @ path[f]) with intrinsics K (3, 3): how every item's target clip is rendered, and what
+    view_match renders the opposite motion with."""
+    scene = make_scene(int(scene_seed))
+    return render_clip(scene, source_pose(scene) @ np.asarray(path, np.float64), K, height, width, supersample)
+
+
 class Room3DConditions:
     """The fixed conditions of a split, generated from `seed` (module docstring)."""
 
@@ -108,7 +117,7 @@ class Room3DConditions:
             src = source_pose(scene)
             still = render_view(scene, src, self.K, self.height, self.width, self.supersample)
             clips = (np.repeat(still[None], self.num_frames, axis=0),
-                     render_clip(scene, src @ path, self.K, self.height, self.width, self.supersample))
+                     render_path(sseed, path, self.K, self.height, self.width, self.supersample))
             if self.cache:
                 self._clips[idx] = clips
         source, target = clips

@@ -1,4 +1,6 @@
-"""cam_margin: a contrastive camera reward for the 3-D world (registered as a plugin, setup.py).
+"""Rewards of the 3-D world that know the room (registered as plugins, setup.py): cam_margin and view_match.
+
+cam_margin: a contrastive camera reward.
 
 A clip's cam_score against the requested camera MINUS its cam_score against the opposite motion
 (`paths.opposite_motion`: the path mirrored about its main axis, the word swapped). What a clip is scored for by both,
@@ -7,6 +9,12 @@ direction. docs/recam.md (sixteenth session) measured why this matters: at the s
 pan group's cam_score differences are how well a clip is read, not which way it turns, and the recipe's 5,120 clips go
 to that first. The score against the requested camera stays in the details as "cam_score" (so an eval logs the
 held-out cam_score beside the margin) with the opposite's as "cam_opposite".
+
+view_match: how much more a clip looks like the exact render along the requested path than like the render along the
+opposite path (zero-mean normalised cross-correlation per frame, after a Gaussian blur). No camera is estimated: the
+world renders both clips, so the score is smooth in how far a sample leans one way or the other, where a pose
+estimate (and so cam_score) jumps between the two. A clip the model draws as a blend of the two motions scores in
+proportion to the blend; cam_score scores it as whichever layout the estimator locks onto.
 """
 from __future__ import annotations
 
@@ -14,6 +22,9 @@ import numpy as np
 import torch
 
 from ..recam.cam_score import make_cam_score
+from ddpo_grpo.errors import ConfigError
+
+from .data import render_path
 from .paths import clip_cameras, opposite_motion
 
 
@@ -54,3 +65,74 @@ def make_cam_margin(opposite_weight: float = 1.0, **cam_score_kwargs):
 
     cam_margin.takes_clips = True  # whole clips, as cam_score takes them
     return cam_margin
+
+
+def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    """x (N, C, H, W) float32 through a separable Gaussian of `sigma` px (reflect-padded); sigma 0: x itself."""
+    if sigma <= 0:
+        return x
+    r = max(1, int(np.ceil(3.0 * sigma)))
+    k = torch.exp(-torch.arange(-r, r + 1, dtype=torch.float32) ** 2 / (2.0 * sigma ** 2))
+    k = (k / k.sum()).to(x.dtype)
+    c = x.shape[1]
+    x = torch.nn.functional.pad(x, (r, r, r, r), mode="reflect")
+    x = torch.nn.functional.conv2d(x, k.view(1, 1, 1, -1).repeat(c, 1, 1, 1), groups=c)
+    return torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1).repeat(c, 1, 1, 1), groups=c)
+
+
+def frame_ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(N,) zero-mean normalised cross-correlation of frames a, b (N, C, H, W) over all their values; 0 where either
+    frame is flat."""
+    a = a.flatten(1) - a.flatten(1).mean(dim=1, keepdim=True)
+    b = b.flatten(1) - b.flatten(1).mean(dim=1, keepdim=True)
+    den = a.norm(dim=1) * b.norm(dim=1)
+    return torch.where(den > 1e-12, (a * b).sum(dim=1) / den.clamp_min(1e-12), torch.zeros_like(den))
+
+
+def make_view_match(opposite_weight: float = 0.5, blur_px: float = 1.0, supersample: int = 2):
+    """Reward fn for room3d clips (B, F, 3, H, W) in [0, 1]: (B,) m_req - opposite_weight * m_opp, where m_req is the
+    mean over frames 1..F-1 of frame_ncc(clip_f, target_f) (the item's "target_video", the exact render along the
+    requested path) and m_opp the same against the render along the opposite motion (`render_path` of
+    `opposite_motion`, at the item's intrinsics and `supersample`), both frames blurred by `blur_px` first (the model's
+    frames come through a 4 x 4-compressing VAE). Frame 0 is the source camera in both and is left out. In [-1 - w,
+    1 + w]; w = 0 pays for looking like the requested clip, w = 1 only for looking more like it than like the opposite.
+    Details: "view_requested", "view_opposite" (B,)."""
+    w, blur, ss = float(opposite_weight), float(blur_px), int(supersample)
+    if not 0.0 <= w <= 1.0:
+        raise ConfigError(f"view_match's opposite_weight must be in [0, 1], got {opposite_weight!r}")
+    if not 0.0 <= blur <= 8.0:
+        raise ConfigError(f"view_match's blur_px must be in [0, 8] pixels, got {blur_px!r}")
+    if ss < 1:
+        raise ConfigError(f"view_match's supersample must be an int >= 1, got {supersample!r}")
+    cache = {}  # (scene_seed, path bytes) -> the opposite render: train conditions recur across epochs
+
+    def opposite_clip(item: dict, height: int, width: int) -> np.ndarray:
+        path = np.asarray(item["target_path"], np.float64)
+        key = (int(item["scene_seed"]), path.tobytes(), height, width)
+        if key not in cache:
+            fx, fy, cx, cy = [float(v) for v in item["intrinsics"]]
+            K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+            cache[key] = render_path(item["scene_seed"], opposite_motion(path, item["preset"])[0], K, height, width, ss)
+        return cache[key]
+
+    def view_match(videos, prompts, metadata):
+        for m in metadata:
+            if not isinstance(m, dict) or not {"target_video", "target_path", "preset", "scene_seed",
+                                               "intrinsics"} <= set(m):
+                raise ValueError("view_match scores room3d clips: each item needs its 'target_video', 'target_path', "
+                                 "'preset', 'scene_seed' and 'intrinsics' (data.name=room3d)")
+        clips = torch.as_tensor(videos).float().cpu()
+        if clips.ndim != 5:
+            raise ValueError(f"view_match takes clips (B, F, 3, H, W), got shape {tuple(clips.shape)}")
+        B, F, C, H, W = clips.shape
+        req = torch.stack([torch.as_tensor(np.asarray(m["target_video"], np.float32)) for m in metadata])
+        opp = torch.stack([torch.from_numpy(opposite_clip(m, H, W)) for m in metadata])
+        if req.shape != clips.shape:
+            raise ValueError(f"view_match: target clips {tuple(req.shape)} do not match the samples {tuple(clips.shape)}")
+        x, r, o = (_blur(t[:, 1:].reshape(-1, C, H, W), blur) for t in (clips, req, opp))
+        m_req = frame_ncc(x, r).view(B, F - 1).mean(dim=1).numpy()
+        m_opp = frame_ncc(x, o).view(B, F - 1).mean(dim=1).numpy()
+        return (m_req - np.float32(w) * m_opp).astype(np.float32), dict(view_requested=m_req, view_opposite=m_opp)
+
+    view_match.takes_clips = True
+    return view_match
