@@ -18,6 +18,7 @@ WORLD_REWARDS = {
     "cam_score": "ddpo_grpo.worlds.recam.cam_score:make_cam_score",
     "unifiedscore": "ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
     "cam_margin": "ddpo_grpo.worlds.room3d.reward:make_cam_margin",
+    "view_match": "ddpo_grpo.worlds.room3d.reward:make_view_match",
     "colour_share": "ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward",
 }
 # The in-package adapters, registered as a user's adapter plugin would be (models/registry.py).
