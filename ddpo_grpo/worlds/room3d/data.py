@@ -8,7 +8,7 @@ Item i of a split is a dict (F pixel frames, F' = (F - 1) / 4 + 1 latent frames,
     "cameras":      torch.float32 (F', 12), ReCamMaster's camera numbers of the target path (`paths.clip_cameras`):
                     relative to the source camera's frame 0, which is where every target path starts;
     "intrinsics":   np.float32 (fx, fy, cx, cy) in the clip's pixels (OpenCV: the top-left pixel's centre is (0, 0));
-    "target_video": np.float32 (F, 3, H, W) in [0, 1], the exact render along the target path (`render_clip`);
+    "target_video": np.float32 (F, 3, H, W) in [0, 1], the exact render along the target path (`render_path`);
     "target_path":  np.float32 (F, 4, 4), that path relative to the source camera (world = source_pose @ path[f]);
     "preset":       str, the camera's name ("pan left", "arc right", ...);
     "scene_seed":   int, the room (`make_scene(scene_seed)`): what the exact estimator reads from cam_score's metadata.
