@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..recam.cam_score import make_cam_score
+from ..recam.pose_reward import intrinsics_matrix
 from ddpo_grpo.errors import ConfigError
 
 from .data import render_path
@@ -110,8 +111,7 @@ def make_view_match(opposite_weight: float = 0.5, blur_px: float = 1.0, supersam
         path = np.asarray(item["target_path"], np.float64)
         key = (int(item["scene_seed"]), path.tobytes(), height, width)
         if key not in cache:
-            fx, fy, cx, cy = [float(v) for v in item["intrinsics"]]
-            K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+            K = intrinsics_matrix(item["intrinsics"], 0)
             cache[key] = render_path(item["scene_seed"], opposite_motion(path, item["preset"])[0], K, height, width, ss)
         return cache[key]
 
@@ -126,9 +126,9 @@ def make_view_match(opposite_weight: float = 0.5, blur_px: float = 1.0, supersam
             raise ValueError(f"view_match takes clips (B, F, 3, H, W), got shape {tuple(clips.shape)}")
         B, F, C, H, W = clips.shape
         req = torch.stack([torch.as_tensor(np.asarray(m["target_video"], np.float32)) for m in metadata])
-        opp = torch.stack([torch.from_numpy(opposite_clip(m, H, W)) for m in metadata])
-        if req.shape != clips.shape:
+        if req.shape != clips.shape:  # before any opposite clip is rendered
             raise ValueError(f"view_match: target clips {tuple(req.shape)} do not match the samples {tuple(clips.shape)}")
+        opp = torch.stack([torch.from_numpy(opposite_clip(m, H, W)) for m in metadata])
         x, r, o = (_blur(t[:, 1:].reshape(-1, C, H, W), blur) for t in (clips, req, opp))
         m_req = frame_ncc(x, r).view(B, F - 1).mean(dim=1).numpy()
         m_opp = frame_ncc(x, o).view(B, F - 1).mean(dim=1).numpy()
