@@ -20,6 +20,10 @@ the same conditions ("reference", `reference_scores`): the floor a model's camer
 pans and tilts, `rotation_leans` (the share leaning to the requested camera rather than its opposite, and that lean's
 correlation with the starting noise's `noise_mode`: does the noise pick the camera?).
 
+--amplitude A: the model is asked for the requested path at A times its amplitude (`amplified_cameras`: each latent
+pose's turn and translation x A) and scored against the path requested: does a larger request give the right motion,
+i.e. is the start's error a gain its camera layers could scale away?
+
 --group-spread K: instead, K samples of each held-out pan and tilt condition drawn as the recipe draws a group (the flow
 SDE on steps 0-3) and how a group spreads between the request and its opposite (`group_spread`): what the recipe's
 group advantages can rank. With --checkpoint a GRPO run's export/recammaster.ckpt.
@@ -48,7 +52,7 @@ from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 from ddpo_grpo.worlds.room3d.estimator import make_exact_estimator  # noqa: E402
 from benchmarks.pretrain_pools import noise_mode  # noqa: E402
-from ddpo_grpo.worlds.room3d.paths import motion_kind  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import motion_kind, scale_pose  # noqa: E402
 from ddpo_grpo.worlds.room3d.reward import opposite_cameras  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, STEPS = 9, 32, 48, 10
@@ -216,11 +220,19 @@ def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
 
 
 @torch.no_grad()
+def amplified_cameras(cameras, amplitude: float) -> torch.Tensor:
+    """Camera numbers (F', 12) -> the same path at `amplitude` times its motion (F', 12) float32: every pose relative
+    to frame 0 with its rotation angle and translation scaled (`paths.scale_pose`; frame 0 stays the identity)."""
+    poses = requested_path(cameras, 0, FRAMES)
+    amp = np.stack([scale_pose(p, amplitude) for p in poses])
+    return torch.from_numpy(amp[:, :3, :4].reshape(len(amp), 12).astype(np.float32))
+
+
 def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout", kinds=(),
-           sde_window: int = 0):
+           sde_window: int = 0, amplitude: float = 1.0):
     """(clips, items, jobs (condition, seed), the jobs' starting-noise modes) of the held-out conditions (the first
     `limit`; only those of `kinds` when given) x seeds, sampled by recam_heldout.sample_clips (deterministic, or the
-    recipe's SDE window)."""
+    recipe's SDE window). amplitude != 1: the model reads `amplified_cameras`; the items returned keep the request."""
     from benchmarks.recam_heldout import sample_clips
     from ddpo_grpo.models import load_pipeline
 
@@ -234,7 +246,8 @@ def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms
     for lo in range(0, len(jobs), batch):
         part = jobs[lo:lo + batch]
         its = [data[i] for i, _ in part]
-        clips += list(sample_clips(pipe, its, part, STEPS, sde_window).float().cpu().numpy())
+        fed = its if amplitude == 1.0 else [dict(it, cameras=amplified_cameras(it["cameras"], amplitude)) for it in its]
+        clips += list(sample_clips(pipe, fed, part, STEPS, sde_window).float().cpu().numpy())
         items += its
         print(f"sampled {len(clips)}/{len(jobs)}", flush=True)
     # each job's starting noise as sample_clips draws it, read by noise_mode (what --mislabel-by noise ties a camera to)
@@ -291,6 +304,8 @@ def main() -> None:
     ap.add_argument("--group-spread", type=int, default=0, metavar="K",
                     help="instead: K samples per pan and tilt condition drawn as the recipe draws a group (the flow "
                          "SDE on steps 0-3), and how far they spread towards the requested camera (group_spread)")
+    ap.add_argument("--amplitude", type=float, default=1.0,
+                    help="ask the model for the requested path at this amplitude (scored against the request)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
@@ -308,7 +323,8 @@ def main() -> None:
     t0 = time.time()
     if args.group_spread:
         return run_group_spread(args, folder, ckpt, opts, t0)
-    clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms)
+    clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms,
+                                       amplitude=args.amplitude)
     t_sample = time.time() - t0
     if args.grid:
         save_grid(clips[:10], items[:10], args.grid)
@@ -333,7 +349,8 @@ def main() -> None:
                              passk=float(ok[:, m].any(axis=0).mean()), opposite_share=float(op[:, m].mean()),
                              # median share of the requested motion the clips show (NaN: the preset has none)
                              translation_shown=nanmedian(shown[:, 0]), rotation_shown=nanmedian(shown[:, 1]))
-    res = dict(model=args.model, checkpoint=ckpt, rooms=args.rooms, n_samples=int(true.size), n_conditions=n_cond,
+    res = dict(model=args.model, checkpoint=ckpt, rooms=args.rooms, amplitude=args.amplitude,
+               n_samples=int(true.size), n_conditions=n_cond,
                seeds=args.seeds,
                threshold=args.threshold, estimator=ESTIMATOR, estimator_kwargs=opts,
                cam_score_mean=float(true.mean()), cam_score_se=float(true.std(ddof=1) / np.sqrt(true.size)),

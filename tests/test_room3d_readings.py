@@ -3,6 +3,7 @@ recam3d_start's motion shown, reference scores, rotation leans and group spread,
 recam3d_from_target's ODE, each against values computed by hand."""
 import numpy as np
 import pytest
+import torch
 
 from ddpo_grpo.worlds.room3d.paths import preset_path
 
@@ -50,6 +51,26 @@ def test_motion_shown_reads_the_share_of_the_requested_motion(cam_type):
     failed = req.copy()
     failed[1:] = np.nan
     assert all(np.isnan(motion_shown(failed, req)))
+
+
+@pytest.mark.parametrize("cam_type", [1, 4, 5, 9])
+@pytest.mark.parametrize("amplitude", [1.0, 0.5, 2.0])
+def test_amplified_cameras_are_the_preset_at_that_amplitude(cam_type, amplitude):
+    """benchmarks/recam3d_start.py's amplified_cameras (--amplitude: what the model is asked for) scales a clip's camera
+    numbers as preset_path(amplitude=) scales the trajectory before interpolating: the two ways agree on a pan, a tilt,
+    a dolly and an arc, and at amplitude 2 the last pose turns twice as far as the request."""
+    from benchmarks.recam3d_start import amplified_cameras
+    from ddpo_grpo.worlds.recam.pose_reward import requested_path
+    from ddpo_grpo.worlds.recam.pose_score import rotation_angle
+    from ddpo_grpo.worlds.room3d.paths import clip_cameras
+
+    cams = clip_cameras(preset_path(cam_type, 9))
+    got = amplified_cameras(torch.from_numpy(cams), amplitude).numpy()
+    np.testing.assert_allclose(got, clip_cameras(preset_path(cam_type, 9, amplitude=amplitude)), atol=2e-6)
+    req, amp = requested_path(cams, 0, 9)[-1], requested_path(got, 0, 9)[-1]
+    a_req, a_amp = (float(rotation_angle(np.eye(3), p[:3, :3])) for p in (req, amp))
+    assert a_amp == pytest.approx(amplitude * a_req, abs=1e-5)
+    np.testing.assert_allclose(amp[:3, 3], amplitude * req[:3, 3], atol=2e-6)
 
 
 def test_position_probe_reads_a_known_place_and_not_noise():
@@ -186,3 +207,23 @@ def test_group_spread_by_hand():
     assert got["tilt"]["lean_mean"] == pytest.approx(0.3) and got["tilt"]["requested_share"] == 1.0
     assert got["pan"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.3, 0.1, 0.2], [0.1, 0.3, 0.2])[0, 1])
     assert got["tilt"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.5, 0.4, 0.6], [0.2, 0.1, 0.3])[0, 1])
+
+
+def test_es_per_sample_linear_is_the_layer_with_each_samples_own_weight():
+    """benchmarks/recam3d_es.py's PerSampleLinear: sample b reads (W + D_b) c + bias, checked against each sample's own
+    nn.Linear in float64; without offsets it is the layer itself; offsets for another batch size are an error."""
+    from benchmarks.recam3d_es import PerSampleLinear
+
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(12, 8).double()
+    layer = PerSampleLinear(lin)
+    c = torch.randn(3, 5, 12, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(layer(c), lin(c), rtol=0, atol=0)
+    layer.delta = torch.randn(3, 8, 12, generator=g, dtype=torch.float64)
+    got = layer(c)
+    for b in range(3):
+        want = torch.nn.functional.linear(c[b], lin.weight + layer.delta[b], lin.bias)
+        torch.testing.assert_close(got[b], want, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got[0], lin(c)[0])
+    with pytest.raises(ValueError, match="per-sample offsets for 3 samples"):
+        layer(c[:2])
