@@ -116,8 +116,8 @@ def main() -> None:
     print("eval 0", log["evals"][0], flush=True)
     for it in range(1, args.iters + 1):
         idx = rng.integers(0, len(train), size=args.pairs)
-        xi = [torch.randn(args.pairs, *e.weight.shape, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))
-              for e in encs]
+        xi = [torch.randn(args.pairs, *e.weight.shape,
+                          generator=torch.Generator().manual_seed(int(rng.integers(2**31)))) for e in encs]
         rp, rm = [], []
         for lo in range(0, args.pairs, 16):
             sl = slice(lo, lo + 16)
