@@ -219,7 +219,6 @@ def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
     return out
 
 
-@torch.no_grad()
 def amplified_cameras(cameras, amplitude: float) -> torch.Tensor:
     """Camera numbers (F', 12) -> the same path at `amplitude` times its motion (F', 12) float32: every pose relative
     to frame 0 with its rotation angle and translation scaled (`paths.scale_pose`; frame 0 stays the identity)."""
@@ -228,6 +227,7 @@ def amplified_cameras(cameras, amplitude: float) -> torch.Tensor:
     return torch.from_numpy(amp[:, :3, :4].reshape(len(amp), 12).astype(np.float32))
 
 
+@torch.no_grad()
 def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout", kinds=(),
            sde_window: int = 0, amplitude: float = 1.0):
     """(clips, items, jobs (condition, seed), the jobs' starting-noise modes) of the held-out conditions (the first
