@@ -31,11 +31,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.recam3d_start import FRAMES, HEIGHT, STEPS, WIDTH, score_clips  # noqa: E402
+from benchmarks.recam3d_start import FRAMES, HEIGHT, STEPS, WIDTH, sample, score_clips  # noqa: E402
 from benchmarks.recam_heldout import sample_clips  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 
-OPTS = {"sigmas": [0.05, 0.02], "iters": 2}  # the recipe's estimator options (config/recipes/recam.py _room3d)
+
+def recipe_estimator_options() -> dict:
+    """The exact estimator's options of `recam3d_tiny_grpo`'s cam_score (config/recipes/recam.py, _room3d)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config"))
+    import grpo
+
+    return dict(grpo.get_config("recam3d_tiny_grpo").reward.kwargs["cam_score"]["pose_estimator_kwargs"])
 
 
 class PerSampleLinear(torch.nn.Module):
@@ -57,6 +63,7 @@ class PerSampleLinear(torch.nn.Module):
 
 def main() -> None:
     from ddpo_grpo.models import load_pipeline, resolve_model_path
+    from ddpo_grpo.models.base import inner_model
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-recam3d")
@@ -74,18 +81,16 @@ def main() -> None:
     pipe = load_pipeline(folder, resolution=HEIGHT, num_frames=FRAMES,
                          recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
     pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
-    model = pipe.unet.model if hasattr(pipe.unet, "model") else pipe.unet
+    opts = recipe_estimator_options()
     encs = []
-    for blk in model.blocks:
+    for blk in inner_model(pipe.unet).blocks:
         blk.cam_encoder = PerSampleLinear(blk.cam_encoder)
+        blk.cam_encoder.weight.requires_grad_(True)  # the optimiser's parameter; sampling runs without autograd
         encs.append(blk.cam_encoder)
-    for e in encs:
-        e.weight.requires_grad_(True)
     scales = [float(e.weight.detach().pow(2).mean().sqrt()) for e in encs]
     sig = [args.sigma_rel * s for s in scales]
     optims = [torch.optim.Adam([e.weight], lr=args.lr_rel * s) for e, s in zip(encs, sig)]
     train = Room3DConditions("train", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
-    evald = Room3DConditions("eval", num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     rng = np.random.default_rng(args.seed)
 
     @torch.no_grad()
@@ -98,15 +103,9 @@ def main() -> None:
             for e in encs:
                 e.delta = None
 
-    def heldout():
-        jobs = [(i, s) for s in args.eval_seeds for i in range(len(evald))]
-        clips, items = [], []
-        for lo in range(0, len(jobs), 32):
-            part = jobs[lo:lo + 32]
-            its = [evald[i] for i, _ in part]
-            clips += clips_for(its, part, [None] * len(encs))
-            items += its
-        r = np.array(score_clips(clips, items, OPTS, 1))
+    def heldout():  # recam3d_start's own held-out sampling, of this pipeline (no offsets set outside clips_for)
+        clips, items, _, _ = sample(folder, "", args.eval_seeds, 32, pipe=pipe)
+        r = np.array(score_clips(clips, items, opts, 1))
         return dict(cam_score=float(r[:, 0].mean()), se=float(r[:, 0].std(ddof=1) / np.sqrt(len(r))),
                     opposite=float(r[:, 1].mean()), n=len(r))
 
@@ -124,7 +123,7 @@ def main() -> None:
             part = [(int(i), 10_000 + it * 1000 + lo + k) for k, i in enumerate(idx[sl])]  # a pair shares its x_T
             its = [train[i] for i, _ in part]
             deltas = [torch.cat([s * x[sl], -s * x[sl]]) for s, x in zip(sig, xi)]
-            r = np.array(score_clips(clips_for(its + its, part + part, deltas), its + its, OPTS, 1))[:, 0]
+            r = np.array(score_clips(clips_for(its + its, part + part, deltas), its + its, opts, 1))[:, 0]
             rp += list(r[:len(part)])
             rm += list(r[len(part):])
         rp, rm = np.array(rp), np.array(rm)

@@ -229,15 +229,17 @@ def amplified_cameras(cameras, amplitude: float) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model: str, checkpoint: str, seeds, batch: int, limit: int = 0, rooms: str = "heldout", kinds=(),
-           sde_window: int = 0, amplitude: float = 1.0):
+           sde_window: int = 0, amplitude: float = 1.0, pipe=None):
     """(clips, items, jobs (condition, seed), the jobs' starting-noise modes) of the held-out conditions (the first
     `limit`; only those of `kinds` when given) x seeds, sampled by recam_heldout.sample_clips (deterministic, or the
-    recipe's SDE window). amplitude != 1: the model reads `amplified_cameras`; the items returned keep the request."""
+    recipe's SDE window). amplitude != 1: the model reads `amplified_cameras`; the items returned keep the request.
+    pipe: an already loaded pipeline at this size, sampled instead of loading `model` (recam3d_es.py's patched one)."""
     from benchmarks.recam_heldout import sample_clips
     from ddpo_grpo.models import load_pipeline
 
-    pipe = load_pipeline(model, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=checkpoint)
-    pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
+    if pipe is None:
+        pipe = load_pipeline(model, resolution=HEIGHT, num_frames=FRAMES, recam_checkpoint=checkpoint)
+        pipe.adapter.set_size(pipe, HEIGHT, WIDTH, FRAMES)
     data = (PretrainRooms if rooms == "pretrain" else Room3DConditions)("eval", num_frames=FRAMES, height=HEIGHT,
                                                                         width=WIDTH)
     conds = [i for i in range(limit or len(data)) if not kinds or motion_kind(data[i]["preset"]) in kinds]
