@@ -9,6 +9,30 @@ import tempfile
 import time
 
 
+class _GlobalOnly:
+    """A module tracker that is always in "Global" alone: FlopCounterMode adds each op's FLOPs to every name in its
+    tracker's `parents`, and its own tracker hooks every module (and, in a backward, every module's gradients) for
+    per-module tables that a total does not read. Measured on the meta builds here: SDXL's counted forward + training
+    pass 10.8 s -> 7.6 s, FLUX's 9.8 s -> 8.6 s, the same totals."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def total_flop_counter():
+    """torch.utils.flop_counter.FlopCounterMode for get_total_flops() only (_GlobalOnly: no per-module tracking)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
 def count_flops(model: str, config, train: bool = True, pipe=None) -> dict:
     """FLOPs of one denoiser call on one row (denoiser_inputs): forward (sampling) and, with `train`, forward +
     backward (training: LoRA or full, as configured), counted by torch.utils.flop_counter on a meta-device build at
@@ -17,7 +41,6 @@ def count_flops(model: str, config, train: bool = True, pipe=None) -> dict:
     pipeline (meta_counts.meta_pipeline), already built by the caller, untrained and unchanged: its denoiser is copied
     (training adds the adapters to the copy), so the caller can count it again (scripts/bench_gpu.py's GPU check)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from ddpo_grpo.models import load_pipeline
     from ddpo_grpo.models.base import inner_model
@@ -35,13 +58,13 @@ def count_flops(model: str, config, train: bool = True, pipe=None) -> dict:
     x, t, cond = denoiser_inputs(pipe)
     out = {"denoiser_params": sum(p.numel() for p in inner_model(pipe.unet).parameters()),
            "sample_shape": list(pipe.sample_shape), "condition_shape": list(cond.shape[1:])}
-    counter = FlopCounterMode(display=False)
+    counter = total_flop_counter()
     with counter, torch.no_grad():
         pipe.unet(x, t, encoder_hidden_states=cond)
     out["flops_fwd_row"] = float(counter.get_total_flops())
     if train:
         make_trainable(pipe.unet, config, pipe.adapter.lora_target_modules)
-        counter = FlopCounterMode(display=False)
+        counter = total_flop_counter()
         with counter:
             pipe.unet(x, t, encoder_hidden_states=cond).sample.float().mean().backward()
         out["flops_train_row"] = float(counter.get_total_flops())

@@ -63,11 +63,17 @@ def served(tmp_path_factory):
     return str(script), env, path, folder
 
 
+def through_server(served, *args, **kw):
+    """The CompletedProcess of `python SCRIPT args` run by the server."""
+    script, env, path, folder = served
+    return subprocess.run([sys.executable, "-S", CLIENT, script, *args], env=dict(env, DDPO_GRPO_FORKSERVER=path),
+                          cwd=folder, capture_output=True, text=True, timeout=120, **kw)
+
+
 def both(served, *args, **kw):
     """(through the server, real interpreter) CompletedProcess of `python SCRIPT args`."""
     script, env, path, folder = served
-    fork = subprocess.run([sys.executable, "-S", CLIENT, script, *args], env=dict(env, DDPO_GRPO_FORKSERVER=path),
-                          cwd=folder, capture_output=True, text=True, timeout=120, **kw)
+    fork = through_server(served, *args, **kw)
     plain = subprocess.run([sys.executable, script, *args], env=env, cwd=folder, capture_output=True, text=True,
                            timeout=120, **kw)
     return fork, plain
@@ -105,7 +111,7 @@ def test_python_c_is_the_interpreters(served):
 
 def test_each_run_draws_its_own_random_state(served):
     # forks of one server would share the server's `random` state; a fresh interpreter seeds it from the OS
-    runs = [both(served, "exit", "0")[0].stdout.split(" rand ")[1] for _ in range(2)]
+    runs = [through_server(served, "exit", "0").stdout.split(" rand ")[1] for _ in range(2)]
     assert runs[0] != runs[1]
 
 
