@@ -61,8 +61,10 @@ def suite_block(path: str) -> str:
     s = json.load(open(path))
     secs = float(s["seconds"])
     failed = f"{s['failed']} failed, " if s.get("failed") else ""  # a run with failures says so in the README too
+    speed = [v for v in s.get("cpu_speed_s") or [] if v is not None]  # benchmarks/cpu_speed.py around the suite
+    probe = f"; CPU probe {' / '.join(f'{v:.1f}' for v in speed)} s" if speed else ""
     return (f"{s['passed']} passed, {failed}{s['skipped']} skipped in {int(secs // 60)} min {int(round(secs % 60))} s "
-            f"(fresh clone at {s['commit']}, {s['date']})")
+            f"(fresh clone at {s['commit']}, {s['date']}{probe})")
 
 
 def replace(text: str, markers, block: str) -> str:

@@ -32,6 +32,13 @@ def test_suite_line_and_markers(tmp_path):
     p = tmp_path / "suite.json"
     p.write_text(json.dumps({"passed": 700, "skipped": 6, "seconds": 725, "commit": "abc1234", "date": "2026-11-27"}))
     assert suite_block(str(p)) == "700 passed, 6 skipped in 12 min 5 s (fresh clone at abc1234, 2026-11-27)"
+    probed = tmp_path / "probed.json"  # benchmarks/cpu_speed.py's seconds before / after (null: the probe failed)
+    probed.write_text(json.dumps({"passed": 9, "skipped": 0, "seconds": 61, "commit": "c", "date": "d",
+                                  "cpu_speed_s": [2.46, None]}))
+    assert suite_block(str(probed)) == "9 passed, 0 skipped in 1 min 1 s (fresh clone at c, d; CPU probe 2.5 s)"
+    probed.write_text(json.dumps({"passed": 9, "skipped": 0, "seconds": 61, "commit": "c", "date": "d",
+                                  "cpu_speed_s": [2.46, 3.04]}))
+    assert suite_block(str(probed)).endswith("(fresh clone at c, d; CPU probe 2.5 / 3.0 s)")
     text = f"a\n{DEMO[0]}\nold\n{DEMO[1]}\nb"
     assert replace(text, DEMO, "new") == f"a\n{DEMO[0]}\nnew\n{DEMO[1]}\nb"
     readme = tmp_path / "README.md"
