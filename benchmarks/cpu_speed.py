@@ -2,7 +2,8 @@
 small-model training steps (float32 convolutions and matmuls, and many small ops, where Python and dispatch overhead
 count as in the suite's tiny runs). benchmarks/suite_time.sh runs it before and after the suite, so that a suite time
 can be read against the machine it was measured on: the same commit has read 8 min 20 s and 16 min 30 s on this
-project's CPU machines (docs/performance.md), and an hour apart on one machine the same tests ran 25 % slower.
+project's CPU machines (docs/performance.md), and on one machine the suite's slowest test took 60 s, then 89 s an
+hour later.
 
     python benchmarks/cpu_speed.py            # prints {"seconds": S, "repeats": [...]}: S the median of 3 repeats
 """

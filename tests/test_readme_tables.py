@@ -46,3 +46,20 @@ def test_suite_line_and_markers(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "readme_tables.py"), "--suite", str(p),
                         "--write", str(readme)], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == "error: README has no <!-- suite --> ... <!-- /suite --> block"
+
+
+def test_cpu_probe_prints_the_json_suite_time_reads(monkeypatch, capsys):
+    """benchmarks/cpu_speed.py's one line is JSON whose "seconds" (what suite_time.sh writes to cpu_speed_s) is the
+    median of its timed repeats, after one untimed warm-up. (Its workload swapped for a counter: the probe's own
+    seconds are not the suite's to spend.)"""
+    import types
+
+    from benchmarks import cpu_speed
+
+    calls = []
+    clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # repeats of 1 s, 3 s and 2 s
+    monkeypatch.setattr(cpu_speed, "workload", lambda: calls.append(1))
+    monkeypatch.setattr(cpu_speed, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    cpu_speed.main(["--repeats", "3"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out == {"seconds": 2.0, "repeats": [1.0, 3.0, 2.0]} and len(calls) == 4
