@@ -364,3 +364,29 @@ def test_gpu_check_dry_run_validates_all_six(dry_run):
         if model in REAL:
             assert c["denoiser_params"] == REAL[model][0]
         assert f"{model}: memory plan {c['plan_gib']:.2f} GiB (fits 80)" in p.stdout
+
+
+def test_condition_shape_is_encoded_once_per_set_of_encoders_and_tokenizers():
+    """meta_counts.condition_shape reads pipe.encode once for the same text encoders and tokenizers, and again for a
+    pipe that shares the first encoder but has another tokenizer (its shape may differ: max_sequence_length)."""
+    import types
+
+    from ddpo_grpo.trainer.checks.meta_counts import condition_shape
+
+    encoder = torch.nn.Linear(2, 2)
+    calls = []
+
+    def make(tokenizer, length):
+        def encode(prompts):
+            calls.append(length)
+            return torch.zeros(len(prompts), length, 8)
+
+        return types.SimpleNamespace(adapter=types.SimpleNamespace(name="sd3"), components={"tokenizer": tokenizer},
+                                     tokenizer=tokenizer, text_encoders=lambda: [encoder], encode=encode)
+
+    first, other = object(), object()
+    a = make(first, 77)
+    assert condition_shape(a) == condition_shape(a) == (77, 8) and calls == [77]
+    assert condition_shape(make(first, 77)) == (77, 8) and calls == [77]  # another pipe over the same parts
+    assert condition_shape(make(other, 333)) == (333, 8) and calls == [77, 333]
+    assert condition_shape(a) == (77, 8) and calls == [77, 333, 77]  # the memo holds one entry per first encoder

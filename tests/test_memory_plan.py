@@ -386,28 +386,3 @@ def test_host_memory_of_the_switches_by_hand():
     got = dict(mp.host(c, mp.Settings(precision="no", offload=True)))
     assert got == {"text encoders": 100 * 4, "vae": 50 * 4}
 
-
-def test_condition_shape_is_encoded_once_per_set_of_encoders_and_tokenizers():
-    """meta_counts.condition_shape reads pipe.encode once for the same text encoders and tokenizers, and again for a
-    pipe that shares the first encoder but has another tokenizer (its shape may differ: max_sequence_length)."""
-    import types
-
-    from ddpo_grpo.trainer.checks.meta_counts import condition_shape
-
-    encoder = torch.nn.Linear(2, 2)
-    calls = []
-
-    def make(tokenizer, length):
-        def encode(prompts):
-            calls.append(length)
-            return torch.zeros(len(prompts), length, 8)
-
-        return types.SimpleNamespace(adapter=types.SimpleNamespace(name="sd3"), components={"tokenizer": tokenizer},
-                                     tokenizer=tokenizer, text_encoders=lambda: [encoder], encode=encode)
-
-    first, other = object(), object()
-    a = make(first, 77)
-    assert condition_shape(a) == condition_shape(a) == (77, 8) and calls == [77]
-    assert condition_shape(make(first, 77)) == (77, 8) and calls == [77]  # another pipe over the same parts
-    assert condition_shape(make(other, 333)) == (333, 8) and calls == [77, 333]
-    assert condition_shape(a) == (77, 8) and calls == [77, 333, 77]  # the memo holds one entry per first encoder
