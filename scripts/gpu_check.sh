@@ -68,15 +68,16 @@ fi
 
 if [ "$SIM" = 0 ]; then
     # What a CUDA PyTorch image lacks (diffusers, ml_collections) comes from wheels (docs/performance.md); say so in
-    # one line here rather than six tracebacks later.
-    if ! "$PY" -c "import torch, diffusers, ml_collections, accelerate, peft, transformers" 2>"$OUT_DIR/imports.log"
+    # one line here rather than six tracebacks later. One interpreter imports them and prints their versions (~7 s of
+    # imports on a CPU: a second call for the versions line cost as much again).
+    if ! "$PY" -c "import torch, diffusers, ml_collections, accelerate, peft, transformers; print(f'torch \
+{torch.__version__}, diffusers {diffusers.__version__}, transformers {transformers.__version__}, peft \
+{peft.__version__}, accelerate {accelerate.__version__}, GPU: \
+{torch.cuda.get_device_name() if torch.cuda.is_available() else None}')" 2>"$OUT_DIR/imports.log"
     then
         echo "error: $(tail -n 1 "$OUT_DIR/imports.log"); install the wheels first (docs/performance.md, GPU check)" >&2
         exit 2
     fi
-    "$PY" -c "import torch, diffusers, transformers, peft, accelerate; print(f'torch {torch.__version__}, diffusers \
-{diffusers.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, accelerate \
-{accelerate.__version__}, GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else None}')"
 fi
 
 # Plans and FLOP counts are meta-device builds (no GPU, ~1-2 min of CPU): on the dry run they are the check; on the

@@ -218,3 +218,20 @@ def test_mfu_counts_flops_and_seconds_on_the_same_footing():
     assert m["mfu_sampling"] == pytest.approx(160e12 / 2 / 100e12)  # 0.8
     assert m["mfu_training"] == pytest.approx((200e12 + 80e12 + 8e12) / 4 / 100e12)  # 0.72
     assert m["mfu_update"] == pytest.approx((200e12 + 8e12) / 3 / 100e12)  # 0.6933
+
+
+def test_a_missing_library_is_one_line_before_any_build(tmp_path):
+    """The image lacks a library the check needs (diffusers, say): one line naming it and where the wheels are, exit 2,
+    from the one interpreter that imports them (and prints their versions on success), before any build or count."""
+    fake = tmp_path / "path" / "diffusers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'diffusers'\")\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    # the real interpreter (a served run has diffusers imported already), the fake package first on its path
+    p = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=dict(ENV, OUT=str(out), PYTHON=sys.executable, PYTHONPATH=str(fake.parent)))
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == ("error: ModuleNotFoundError: No module named 'diffusers'; install the "
+                                                 "wheels first (docs/performance.md, GPU check)")
+    assert "torch " not in p.stdout and not (out / "counts.json").exists()

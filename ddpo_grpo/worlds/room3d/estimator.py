@@ -43,8 +43,9 @@ from .scene import Scene, make_scene, source_pose
 
 
 @functools.lru_cache(maxsize=64)
-def _blur_matrix(n: int, sigma: float) -> np.ndarray:
-    """(n, n) Gaussian blur along one axis (reflecting edges); identity for sigma <= 0.2."""
+def blur_matrix(n: int, sigma: float) -> np.ndarray:
+    """(n, n) Gaussian blur along one axis (reflecting edges, the edge pixel repeated); identity for sigma <= 0.2.
+    The world's one blur: the estimator's (below) and view_match's (reward.py) both multiply by it."""
     if sigma <= 0.2:
         return np.eye(n)
     r = max(1, int(np.ceil(3 * sigma)))
@@ -62,7 +63,7 @@ def _blur_matrix(n: int, sigma: float) -> np.ndarray:
 def _blur(img: np.ndarray, sigma: float) -> np.ndarray:
     """(3, h, w) blurred by a Gaussian of `sigma` pixels (separable: two small matrix products)."""
     _, h, w = img.shape
-    return _blur_matrix(h, float(sigma)) @ img @ _blur_matrix(w, float(sigma)).T
+    return blur_matrix(h, float(sigma)) @ img @ blur_matrix(w, float(sigma)).T
 
 
 def _area_matrix(n_in: int, n_out: int) -> np.ndarray:

@@ -26,6 +26,7 @@ from ..recam.pose_reward import intrinsics_matrix
 from ddpo_grpo.errors import ConfigError
 
 from .data import render_path
+from .estimator import blur_matrix
 from .paths import clip_cameras, opposite_motion
 
 
@@ -69,16 +70,13 @@ def make_cam_margin(opposite_weight: float = 1.0, **cam_score_kwargs):
 
 
 def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """x (N, C, H, W) float32 through a separable Gaussian of `sigma` px (reflect-padded); sigma 0: x itself."""
-    if sigma <= 0:
+    """x (N, C, H, W) through the estimator's separable Gaussian of `sigma` px (estimator.blur_matrix, reflecting
+    edges), in x's dtype; sigma <= 0.2: x itself."""
+    if sigma <= 0.2:
         return x
-    r = max(1, int(np.ceil(3.0 * sigma)))
-    k = torch.exp(-torch.arange(-r, r + 1, dtype=torch.float32) ** 2 / (2.0 * sigma ** 2))
-    k = (k / k.sum()).to(x.dtype)
-    c = x.shape[1]
-    x = torch.nn.functional.pad(x, (r, r, r, r), mode="reflect")
-    x = torch.nn.functional.conv2d(x, k.view(1, 1, 1, -1).repeat(c, 1, 1, 1), groups=c)
-    return torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1).repeat(c, 1, 1, 1), groups=c)
+    h, w = x.shape[-2:]
+    mh, mw = (torch.from_numpy(blur_matrix(n, float(sigma))).to(x) for n in (h, w))
+    return mh @ x @ mw.T
 
 
 def frame_ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
