@@ -385,4 +385,3 @@ def test_host_memory_of_the_switches_by_hand():
     assert got == {"prompt embeddings": 3 * 7 * 4, "text encoders": 100 * 2, "vae": 50 * 2}
     got = dict(mp.host(c, mp.Settings(precision="no", offload=True)))
     assert got == {"text encoders": 100 * 4, "vae": 50 * 4}
-
