@@ -242,18 +242,42 @@ def heap_in_use():
     return used
 
 
+_HEAP_CHILD_RESULTS: Dict[str, Dict[str, str]] = {}  # a test module's path -> {nodeid: "" when it passed, else why}
+
+
 def fresh_process(request) -> bool:
-    """True when the calling heap test should return: it has been run again alone in a fresh Python process (and
-    asserted there). glibc's heap is the whole process's: other tests' threads (reward pools, data loaders) and
-    their freed arenas would otherwise move it between the two readings."""
+    """True when the calling heap test should return: it has been run again in a fresh Python process (and asserted
+    there). glibc's heap is the whole process's: other tests' threads (reward pools, data loaders) and their freed
+    arenas would otherwise move it between the two readings. One child per test module runs all of the module's heap
+    tests that this session selected (the tests that call fresh_process), one after the other: none starts a thread,
+    and each reads heap in use, not the arena's size, so the one before it moves nothing; a child per test cost a
+    pytest start (~9 s of imports) each."""
+    import xml.etree.ElementTree as ET
+
     if os.environ.get("DDPO_HEAP_TEST_CHILD") == "1":
         return False
-    env = dict(os.environ, DDPO_HEAP_TEST_CHILD="1", PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", request.node.nodeid],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    if out.returncode == 0 and " skipped" in out.stdout and " passed" not in out.stdout:
-        pytest.skip("glibc's mallinfo2 is not available here (fresh process)")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    module = str(request.node.path)
+    if module not in _HEAP_CHILD_RESULTS:
+        heap_tests = [item.nodeid for item in request.session.items if str(item.path) == module
+                      and "fresh_process" in getattr(getattr(item, "function", None), "__code__", ()).co_names]
+        env = dict(os.environ, DDPO_HEAP_TEST_CHILD="1", PYTHONPATH=ROOT)
+        report = os.path.join(request.getfixturevalue("tmp_path_factory").mktemp("heap"), "junit.xml")
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                              f"--junitxml={report}", *heap_tests], capture_output=True, text=True, env=env, cwd=ROOT,
+                             timeout=900)
+        results = {}
+        if os.path.exists(report):
+            for case in ET.parse(report).getroot().iter("testcase"):
+                name = f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
+                bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
+                results[name] = "" if not bad else f"{bad[0].tag}: {bad[0].get('message')}\n{bad[0].text or ''}"
+        missing = [t for t in heap_tests if t not in results]
+        assert not missing, (missing, out.stdout[-3000:] + out.stderr[-2000:])
+        _HEAP_CHILD_RESULTS[module] = results
+    result = _HEAP_CHILD_RESULTS[module][request.node.nodeid]
+    if result.startswith("skipped:"):
+        pytest.skip(f"{result.splitlines()[0]} (fresh process)")
+    assert result == "", result[-4000:]
     return True
 
 

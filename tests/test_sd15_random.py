@@ -92,15 +92,20 @@ def test_one_cpu_epoch_on_sd15_random_at_64px(tmp_path):
     cmd = [sys.executable, "scripts/train.py", "--config", "config/grpo.py:sd15_random_bench",
            "--config.mixed_precision=no", "--config.pretrained.resolution=64", "--config.sample.num_steps=2",
            "--config.sample.batch_size=2", "--config.sample.num_batches_per_epoch=1", "--config.sample.k=2",
-           "--config.train.batch_size=2", "--config.num_epochs=1", "--config.logging.wandb=False",
-           "--config.logging.tensorboard=False", "--config.logging.image_freq=0", f"--config.logdir={tmp_path}",
-           "--config.run_name=r"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+           "--config.train.batch_size=2", "--config.num_epochs=1", "--config.train.old_logprobs=sampling",
+           "--config.logging.wandb=False", "--config.logging.tensorboard=False", "--config.logging.image_freq=0",
+           f"--config.logdir={tmp_path}", "--config.run_name=r"]
+    # glibc keeps the freed activation buffers mapped (the Makefile's CPU_MALLOC, as `make demo` runs): a 1 G-parameter
+    # build otherwise spends a quarter of its CPU faulting them back in
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
+               MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_="17179869184")
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "epoch 0: GRPO check: 2 samples = 1 conditions x k=2 (exact)" in p.stdout
     (h,) = json.load(open(tmp_path / "r" / "summary.json"))["history"]
     assert h["samples"] == 2 and h["epoch"] == 0
     # at SD 1.5's shape too: sampling and training agree before the update (CFG 5, LoRA, DDIM eta 1: ratio 1 in
-    # float32), and the two samples' JPEG rewards (-kB) give the adapters a gradient
+    # float32). The ratio's old log-probs are the sampler's (train.old_logprobs "sampling"), so r - 1 is the gap between
+    # the sampler's calls and the training calls themselves, not a re-score's (1 by construction, and one more forward
+    # per trained step on a 1 G-parameter build). The two samples' JPEG rewards (-kB) give the adapters a gradient.
     assert h["train"]["onpolicy_ratio_max_dev"] <= 1e-5 and h["train"]["grad_norm"] > 0 and h["reward_mean"] < 0
