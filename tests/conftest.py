@@ -12,7 +12,12 @@ if ROOT not in sys.path:
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test` runs two workers: each takes its share of the cores
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_share)
+    # and so do the Python runs a test starts with this environment (a test that wants threads sets its own): a run
+    # with all the cores beside the other worker oversubscribes them, and on two cores a share of one lets the fork
+    # server (below) serve it; without it, each was a fresh interpreter (~7 s of imports)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
 
 
 @pytest.fixture(scope="module")

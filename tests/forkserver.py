@@ -30,8 +30,10 @@ ENV_AT_IMPORT = ("HF_", "HUGGINGFACE", "DIFFUSERS", "TRANSFORMERS", "TORCH", "PY
                  "KMP_", "OPENBLAS", "PYTHON", "MALLOC_", "LD_", "MPL", "XDG_", "TOKENIZERS", "NUMEXPR", "WANDB_",
                  "USE_TORCH")
 # PYTHONPATH is applied per run instead (run_sys_path): the preimported libraries come from site-packages either way,
-# and the tests' PYTHONPATHs (the repository, a reward plugin's folder) hold only modules the server never imports
-NOT_AT_IMPORT = ("TORCHELASTIC_", "TORCH_NCCL_", "PYTHONPATH")
+# and the tests' PYTHONPATHs (the repository, a reward plugin's folder) hold only modules the server never imports.
+# PYTHONUNBUFFERED likewise (worker: as `-u`): the shell scripts export it (scripts/gpu_check.sh), and as an
+# import-time variable it sent each of their dozen Python runs to a fresh interpreter.
+NOT_AT_IMPORT = ("TORCHELASTIC_", "TORCH_NCCL_", "PYTHONPATH", "PYTHONUNBUFFERED")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "tests", "fork_client.py")
 MODULES = ("accelerate.commands.launch",)  # `python -m` runs that go through the server
@@ -155,8 +157,11 @@ def worker(req: dict, fds) -> None:
     os.environ.update(req["env"])
     argv = list(req["argv"])
     module = None
-    while argv and argv[0] == "-u":  # unbuffered stdout / stderr, as `python -u`
+    unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))  # a non-empty PYTHONUNBUFFERED is `-u`
+    while argv and argv[0] == "-u":
         argv.pop(0)
+        unbuffered = True
+    if unbuffered:  # unbuffered stdout / stderr, as `python -u`
         import io
 
         sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)
@@ -179,6 +184,7 @@ def worker(req: dict, fds) -> None:
 
     importlib.invalidate_caches()  # folders made since the server started (a test's plugin) are read afresh
     install_popen_hook(lambda env: req["server"])  # the runs this run starts: served by the same server
+    track_opened()
     import random
 
     import numpy
@@ -207,7 +213,72 @@ def worker(req: dict, fds) -> None:
 
         traceback.print_exc()
         code = 1
-    sys.exit(code)  # interpreter shutdown as at a script's end: atexit handlers, stdio flushed, threads joined
+    finish(code)
+
+
+_OPENED = None  # in a run: a weakref.WeakSet of the files it opened (track_opened)
+
+
+def track_opened() -> None:
+    """In a run: every file it opens by open() / io.open (pathlib, tempfile and os.fdopen call these) is remembered
+    weakly, for finish() to flush what the run left open, as a teardown would."""
+    global _OPENED
+    import builtins
+    import io
+    import weakref
+
+    import _io
+
+    _OPENED = weakref.WeakSet()
+    plain = _io.open
+
+    def opener(*args, **kwargs):
+        f = plain(*args, **kwargs)
+        _OPENED.add(f)
+        return f
+
+    builtins.open = io.open = _io.open = opener
+
+
+def finish(code) -> None:
+    """End a run as the interpreter's shutdown does what a test can see of it, without tearing its modules down: the
+    status of a SystemExit's code, non-daemon threads joined, the atexit handlers (weakref.finalize's, logging's,
+    multiprocessing's, the run's own), every open file's buffer flushed (a teardown flushes them as their objects
+    die: track_opened's files), C stdio flushed; then _exit. The teardown itself (every module of torch, diffusers, transformers, wandb... and
+    their objects freed, in a fork: each page their reference counts touch copied) cost ~1.5-2 s of CPU per run,
+    measured on a forked child of this server: more than many runs' work."""
+    import atexit
+    import ctypes
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): the message on stderr, status 1
+        try:
+            print(code, file=sys.stderr)
+        except Exception:
+            pass
+        status = 1
+    threading._shutdown()  # Py_FinalizeEx's order: threads, then atexit, then the files
+    atexit._run_exitfuncs()
+    for f in list(_OPENED):
+        try:
+            if not f.closed:
+                f.flush()
+        except Exception:  # a closed pipe's reader: as a teardown, nothing to report
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            status = status or 120  # the interpreter's status when flushing stdout at exit fails
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+    os._exit(status & 0xFF)
 
 
 def descendants(pid: int) -> list:
