@@ -244,9 +244,9 @@ def finish(code) -> None:
     """End a run as the interpreter's shutdown does what a test can see of it, without tearing its modules down: the
     status of a SystemExit's code, non-daemon threads joined, the atexit handlers (weakref.finalize's, logging's,
     multiprocessing's, the run's own), every open file's buffer flushed (a teardown flushes them as their objects
-    die: track_opened's files), C stdio flushed; then _exit. The teardown itself (every module of torch, diffusers, transformers, wandb... and
-    their objects freed, in a fork: each page their reference counts touch copied) cost ~1.5-2 s of CPU per run,
-    measured on a forked child of this server: more than many runs' work."""
+    die: track_opened's files), C stdio flushed; then _exit. The teardown itself (every module of torch, diffusers,
+    transformers, wandb... and their objects freed, in a fork: each page their reference counts touch copied) cost
+    ~1.5-2 s of CPU per run, measured on a forked child of this server: more than many runs' work."""
     import atexit
     import ctypes
     import threading
@@ -263,15 +263,16 @@ def finish(code) -> None:
         status = 1
     threading._shutdown()  # Py_FinalizeEx's order: threads, then atexit, then the files
     atexit._run_exitfuncs()
-    for f in list(_OPENED):
+    for f in list(_OPENED or ()):
         try:
             if not f.closed:
                 f.flush()
         except Exception:  # a closed pipe's reader: as a teardown, nothing to report
             pass
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):  # (the run may have rebound them)
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except Exception:
             status = status or 120  # the interpreter's status when flushing stdout at exit fails
     try:
