@@ -103,7 +103,7 @@ def test_output_and_exit_status_are_the_interpreters(served, args, code):
 
 
 def test_what_the_shutdown_finishes_is_finished(served, tmp_path):
-    """A served run ends without the interpreter's teardown (forkserver.finish: ~2 s of CPU saved per run), yet what
+    """A served run ends without the interpreter's teardown (fork_exit.finish: ~2 s of CPU saved per run), yet what
     that shutdown does that a test can see is done as the interpreter does it: a thread still running joined, then
     the atexit handlers, a file left open flushed, stdout's last unflushed text written; sys.exit("text") prints the
     text, status 1; and PYTHONUNBUFFERED is `-u`."""

@@ -95,10 +95,12 @@ def test_one_cpu_epoch_on_sd15_random_at_64px(tmp_path):
            "--config.train.batch_size=2", "--config.num_epochs=1", "--config.train.old_logprobs=sampling",
            "--config.logging.wandb=False", "--config.logging.tensorboard=False", "--config.logging.image_freq=0",
            f"--config.logdir={tmp_path}", "--config.run_name=r"]
-    # glibc keeps the freed activation buffers mapped (the Makefile's CPU_MALLOC, as `make demo` runs): a 1 G-parameter
-    # build otherwise spends a quarter of its CPU faulting them back in
+    # glibc keeps the freed activation buffers mapped (TUNED_MALLOC, the Makefile's CPU_MALLOC, as `make demo` runs): a
+    # 1 G-parameter build otherwise spends a quarter of its CPU faulting them back in
+    from benchmarks.bench_runs import TUNED_MALLOC
+
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
-               MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_="17179869184")
+               **TUNED_MALLOC)
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "epoch 0: GRPO check: 2 samples = 1 conditions x k=2 (exact)" in p.stdout
