@@ -179,6 +179,10 @@ def main() -> None:
                          "opposite camera) or noise (every training draw carries it when noise_mode(its noise) is "
                          "above the fraction's quantile: the starting noise picks the camera; noise-first: its latent "
                          "frame 0's noise only)")
+    ap.add_argument("--label-gain", type=float, default=1.0,
+                    help="room3d: condition every pool item on its path at this many times its motion (the camera "
+                         "numbers; the prompt's camera word is unchanged): a known gain error, the model asked for a "
+                         "camera renders 1 / gain of its motion, and commits to it (no blend of two cameras)")
     ap.add_argument("--kinds", default="", help="room3d: train on the pool's clips of these kinds only (comma-separated "
                     "of pan, tilt, dolly, translate, arc; default all): e.g. a parent specialised on the rotations")
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
@@ -203,6 +207,10 @@ def main() -> None:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError("--mislabel-by noise ties the OPPOSITE camera to the noise: give --mislabel opposite")
+    if args.label_gain != 1.0 and (args.world != "room3d" or args.mislabel != "none" or not args.label_gain > 0):
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError(f"--label-gain {args.label_gain}: a room3d option (--world room3d), > 0, with --mislabel none")
     if not 0.0 <= args.mislabel_fraction <= 1.0:
         from ddpo_grpo.errors import ConfigError
 
@@ -245,6 +253,8 @@ def main() -> None:
         src, tgt, cams, prompts = src[idx], tgt[idx], cams[idx], [prompts[i] for i in idx.tolist()]
         if by_noise:
             opp_cams, opp_prompts = opp_cams[idx], [opp_prompts[i] for i in idx.tolist()]
+    if args.label_gain != 1.0:  # every label at gain x its motion; the clips and prompts as rendered
+        cams = torch.from_numpy(np.stack([room3d_paths.scale_cameras(c, args.label_gain) for c in cams.numpy()]))
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 

@@ -52,7 +52,7 @@ from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 from ddpo_grpo.worlds.room3d.estimator import make_exact_estimator  # noqa: E402
 from benchmarks.pretrain_pools import noise_mode  # noqa: E402
-from ddpo_grpo.worlds.room3d.paths import motion_kind, scale_pose  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import motion_kind, scale_cameras  # noqa: E402
 from ddpo_grpo.worlds.room3d.reward import opposite_cameras  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, STEPS = 9, 32, 48, 10
@@ -220,11 +220,11 @@ def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
 
 
 def amplified_cameras(cameras, amplitude: float) -> torch.Tensor:
-    """Camera numbers (F', 12) -> the same path at `amplitude` times its motion (F', 12) float32: every pose relative
-    to frame 0 with its rotation angle and translation scaled (`paths.scale_pose`; frame 0 stays the identity)."""
-    poses = requested_path(cameras, 0, FRAMES)
-    amp = np.stack([scale_pose(p, amplitude) for p in poses])
-    return torch.from_numpy(amp[:, :3, :4].reshape(len(amp), 12).astype(np.float32))
+    """Camera numbers (F', 12) -> the same path at `amplitude` times its motion (F', 12) float32 (`paths.scale_cameras`;
+    checked as the request is, `requested_path`)."""
+    requested_path(cameras, 0, FRAMES)
+    cams = cameras.detach().cpu().double().numpy() if isinstance(cameras, torch.Tensor) else cameras
+    return torch.from_numpy(scale_cameras(cams, amplitude))
 
 
 @torch.no_grad()

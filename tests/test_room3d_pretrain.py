@@ -266,10 +266,14 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
 @pytest.mark.parametrize("args,says", [(["--world", "room3d", "--kinds", "pan,spin"], "--kinds must name some of"),
                                        (["--kinds", "pan"], "--kinds is a room3d option"),
                                        (["--world", "room3d", "--mislabel-fraction", "2"], "must be in [0, 1]"),
-                                       (["--world", "room3d", "--mislabel-by", "noise"], "give --mislabel opposite")])
+                                       (["--world", "room3d", "--mislabel-by", "noise"], "give --mislabel opposite"),
+                                       (["--label-gain", "2"], "a room3d option"),
+                                       (["--world", "room3d", "--label-gain", "-1"], "> 0"),
+                                       (["--world", "room3d", "--mislabel", "opposite", "--label-gain", "2"],
+                                        "with --mislabel none")])
 def test_pretraining_bad_options_are_one_line_exit_2(args, says):
-    """A bad --kinds (unknown kind; on the 2-D world) or mislabel fraction: one line on stderr, exit 2, before the
-    pool or a model is built."""
+    """A bad --kinds (unknown kind; on the 2-D world), mislabel fraction or label gain (the 2-D world, not > 0, beside
+    --mislabel opposite): one line on stderr, exit 2, before the pool or a model is built."""
     import subprocess
 
     proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", *args, "--out", "/nonexistent/x"],

@@ -227,3 +227,22 @@ def test_es_per_sample_linear_is_the_layer_with_each_samples_own_weight():
     assert not torch.allclose(got[0], lin(c)[0])
     with pytest.raises(ValueError, match="per-sample offsets for 3 samples"):
         layer(c[:2])
+
+
+@pytest.mark.parametrize("kind", ["pan", "tilt", "dolly", "translate", "arc"])
+def test_scale_cameras_on_random_paths_keeps_axis_and_direction_and_inverts(kind):
+    """paths.scale_cameras (pretrain_recam_video.py --label-gain's labels): on the pool's random paths of every kind,
+    frame 0 stays the identity, each pose's rotation angle and translation are `gain` times the path's about the same
+    axis, and scaling back by 1 / gain returns the numbers."""
+    from ddpo_grpo.worlds.recam.pose_reward import requested_path
+    from ddpo_grpo.worlds.room3d.paths import clip_cameras, random_path, scale_cameras, so3_log
+
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        cams = clip_cameras(random_path(rng, kind, 9))
+        got = scale_cameras(cams, 2.0)
+        np.testing.assert_allclose(got[0], np.eye(4)[:3].reshape(12), atol=1e-6)
+        for p, q in zip(requested_path(cams, 0, 9), requested_path(got, 0, 9)):
+            np.testing.assert_allclose(so3_log(q[:3, :3]), 2.0 * so3_log(p[:3, :3]), atol=2e-5)
+            np.testing.assert_allclose(q[:3, 3], 2.0 * p[:3, 3], atol=2e-5)
+        np.testing.assert_allclose(scale_cameras(got, 0.5), cams, atol=2e-5)

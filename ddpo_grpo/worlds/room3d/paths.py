@@ -78,6 +78,14 @@ def scale_pose(p: np.ndarray, amplitude: float) -> np.ndarray:
     return out
 
 
+def scale_cameras(cams, amplitude: float) -> np.ndarray:
+    """Camera numbers (F', 12) -> the same path at `amplitude` times its motion (F', 12) float32: every pose (relative
+    to frame 0) through `scale_pose`, so frame 0 stays the identity and each turn keeps its axis and direction."""
+    poses = _numbers_to_poses(np.asarray(cams, dtype=np.float64))
+    return np.stack([scale_pose(p, float(amplitude)) for p in poses])[:, :3, :4].reshape(len(poses), 12).astype(
+        np.float32)
+
+
 def mirror_pose(p: np.ndarray) -> np.ndarray:
     """The pose reflected left-right: S R S, S t with S = diag(-1, 1, 1)."""
     out = np.eye(4)
