@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One prepared GPU check (issues 50, 61): each of the six real-shape builds (scripts/bench_gpu.py MODELS) runs the real
-# trainer (build_context, a warm-up epoch, a timed epoch) at its config's settings with steps and batches cut to fit
-# (bench_gpu.py GPU_CHECK), each in its own process under its own time-out (450 s in all, cheapest first, so that a
-# hang late loses least), then one table, whatever the builds did (docs/performance.md, GPU check: its columns and
-# the causes a failed build's status names).
+# One prepared GPU check (issues 50, 61): each of the six real-shape builds (benchmarks/bench_gpu_configs.py MODELS)
+# runs the real trainer (build_context, a warm-up epoch, a timed epoch) at its config's settings with steps and batches
+# cut to fit (benchmarks/gpu_check_points.py GPU_CHECK), each in its own process under its own time-out (450 s in all,
+# cheapest first, so that a hang late loses least), then one table, whatever the builds did (docs/performance.md, GPU
+# check: its columns and the causes a failed build's status names).
 #
 #   scripts/gpu_check.sh --dry-run        # here, on a CPU: all six configs validated, planned and counted on "meta"
 #   scripts/gpu_check.sh                  # on one 80 GB GPU: ends within GPU_CHECK_BUDGET (525 s) with its table
