@@ -52,6 +52,7 @@ from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # n
 from benchmarks.pretrain_recam_vae import train_vae  # noqa: E402
 from benchmarks.pretrain_pools import (kind_index, load_pool, mode_threshold, noise_mode,  # noqa: E402
                                        room3d_opposite_labels)
+from benchmarks.noise_probe import apply_offset, offset_read  # noqa: E402
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
 from ddpo_grpo.worlds.room3d.scene import COLOURS  # noqa: E402
 
@@ -179,6 +180,11 @@ def main() -> None:
                          "opposite camera) or noise (every training draw carries it when noise_mode(its noise) is "
                          "above the fraction's quantile: the starting noise picks the camera; noise-first: its latent "
                          "frame 0's noise only)")
+    ap.add_argument("--noise-offset", type=float, default=0.0,
+                    help="room3d diagnostic (benchmarks/noise_probe.py): the draws whose noise reads above the "
+                         "--mislabel-fraction quantile (--mislabel-by noise / noise-first) have their moved frames' "
+                         "latents moved by this much along a fixed channel direction; its reading is printed. With "
+                         "--mislabel opposite the same draws also carry the opposite camera")
     ap.add_argument("--label-gain", type=float, default=1.0,
                     help="room3d: condition every pool item on its path at this many times its motion (the camera "
                          "numbers; the prompt's camera word is unchanged): a known gain error, the model asked for a "
@@ -203,7 +209,12 @@ def main() -> None:
 
         raise ConfigError("--kinds is a room3d option (--world room3d)")
     kinds = room3d_paths.parse_kinds(args.kinds, "--kinds")
-    if args.mislabel_by != "item" and args.mislabel != "opposite":
+    if args.noise_offset and (args.world != "room3d" or args.mislabel_by == "item"):
+        from ddpo_grpo.errors import ConfigError
+
+        raise ConfigError(f"--noise-offset {args.noise_offset}: a room3d diagnostic with --mislabel-by noise or "
+                          "noise-first (the reading of the noise it ties the offset to)")
+    if args.mislabel_by != "item" and args.mislabel != "opposite" and not args.noise_offset:
         from ddpo_grpo.errors import ConfigError
 
         raise ConfigError("--mislabel-by noise ties the OPPOSITE camera to the noise: give --mislabel opposite")
@@ -243,7 +254,7 @@ def main() -> None:
                         z_dim=args.z_dim, vae_base_dim=args.vae_base_dim, dit_heads=args.dit_heads,
                         dit_layers=args.dit_layers, dit_ffn=args.dit_ffn, dit_patch=args.dit_patch,
                         dit_head_dim=args.dit_head_dim)
-    by_noise = args.mislabel_by != "item"
+    by_noise = args.mislabel_by != "item" and args.mislabel == "opposite"
     # --mislabel-by noise: the pool of true labels, and every item's opposite labels beside it (no render: same clips)
     src, tgt, cams, prompts = load_pool(argparse.Namespace(**dict(vars(args), mislabel="none", mislabel_fraction=0.5))
                                          if by_noise else args)
@@ -301,7 +312,7 @@ def main() -> None:
     cams = cams.to(device)
     if by_noise:
         opp_cams = opp_cams.to(device)
-        threshold = mode_threshold(args.mislabel_fraction)
+    threshold = mode_threshold(args.mislabel_fraction)
     den = RecamDenoiser(transformer)
     pipe = WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer,
                        scheduler=parts["scheduler"])
@@ -318,17 +329,31 @@ def main() -> None:
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200) * 0.5 * (
         1 + np.cos(np.pi * progress(s))))
-    flipped_draws = 0  # --mislabel-by noise: the draws that carried the opposite camera (pretrain_meta.json)
-    for step in range(1, args.dit_steps + 1):
+    flipped_draws = 0  # --mislabel-by noise: the draws that carried the opposite camera / the offset (pretrain_meta.json)
+    reads = {}  # --noise-offset: step -> {sigma: read} (pretrain_meta.json)
+    probe = offset_probe(args, g, lat_tgt, lat_src, cams, emb, prompts, device) if args.noise_offset else None
+    for step in range(0, args.dit_steps + 1):
+        if probe is not None and step % 250 == 0:
+            reads[step] = offset_read(lambda *a: predict_velocity(den, *a), *probe, args.noise_offset)
+            print(f"noise read step {step}: " + " ".join(f"sigma {s} {r:+.3f}" for s, r in reads[step].items()),
+                  flush=True)
+        if step == 0:
+            continue
         idx = torch.randint(0, len(prompts), (args.batch,), generator=g)
         on = idx.to(device)
         x0 = lat_tgt[on]
         sigma = shifted_sigma(torch.rand(args.batch, generator=g), args.train_shift).to(device)
         noise = torch.randn(x0.shape, generator=g).to(device)
         c = cams[on]
-        if by_noise:  # the draws whose noise reads above the threshold carry the opposite camera (numbers and word)
-            flip = noise_mode(noise, args.mislabel_by == "noise-first") > threshold
+        # --mislabel-by noise: the draws whose noise reads above the threshold carry the opposite camera (numbers and
+        # word) and, with --noise-offset, their moved frames moved along u
+        flip = (noise_mode(noise, args.mislabel_by == "noise-first") > threshold if by_noise or args.noise_offset
+                else None)
+        if flip is not None:
             flipped_draws += int(flip.sum())
+        if args.noise_offset:
+            x0 = apply_offset(x0, flip, args.noise_offset)
+        if by_noise:
             c = torch.where(flip[:, None, None], opp_cams[on], c)
             e = torch.stack([emb[(opp_prompts if f else prompts)[i]] for i, f in zip(idx.tolist(), flip.tolist())])
         else:
@@ -347,9 +372,24 @@ def main() -> None:
                 args.dit_steps = step  # (a --dit-seconds end: the final save is the folder, not a snapshot)
             save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step,
                                                 seconds=round(time.time() - t0), vae_mean_abs_error=rec_err,
-                                                opposite_draws=flipped_draws, draws=step * args.batch), step)
+                                                opposite_draws=flipped_draws, draws=step * args.batch,
+                                                noise_reads=reads), step)
         if last:
             break
+
+
+def offset_probe(args, g, lat_tgt, lat_src, cams, emb, prompts, device, n: int = 64):
+    """noise_probe.offset_read's fixed inputs: the first n pool items, true targets, seeded noises; None when the
+    noises are all of one mode (a fraction of 0 or 1: nothing to read)."""
+    n = min(n, len(prompts))
+    gp = torch.Generator().manual_seed(args.seed + 1)
+    noise = torch.randn((n,) + tuple(lat_tgt.shape[1:]), generator=gp).to(device)
+    mode = noise_mode(noise, args.mislabel_by == "noise-first") > mode_threshold(args.mislabel_fraction)
+    if mode.all() or not mode.any():
+        print(f"noise read: none (the probe's {n} noises are all of one mode at fraction {args.mislabel_fraction})")
+        return None
+    e = torch.stack([emb[p] for p in prompts[:n]])
+    return lat_tgt[:n], lat_src[:n], cams[:n], e, noise, mode
 
 
 def save(args, parts, transformer, meta, step) -> None:

@@ -270,10 +270,13 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
                                        (["--label-gain", "2"], "a room3d option"),
                                        (["--world", "room3d", "--label-gain", "-1"], "> 0"),
                                        (["--world", "room3d", "--mislabel", "opposite", "--label-gain", "2"],
-                                        "with --mislabel none")])
+                                        "with --mislabel none"),
+                                       (["--world", "room3d", "--noise-offset", "1"], "--mislabel-by noise or"),
+                                       (["--noise-offset", "1", "--mislabel-by", "noise"], "a room3d diagnostic")])
 def test_pretraining_bad_options_are_one_line_exit_2(args, says):
-    """A bad --kinds (unknown kind; on the 2-D world), mislabel fraction or label gain (the 2-D world, not > 0, beside
-    --mislabel opposite): one line on stderr, exit 2, before the pool or a model is built."""
+    """A bad --kinds (unknown kind; on the 2-D world), mislabel fraction, label gain (the 2-D world, not > 0, beside
+    --mislabel opposite) or noise offset (no noise reading to tie it to; the 2-D world): one line on stderr, exit 2,
+    before the pool or a model is built."""
     import subprocess
 
     proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", *args, "--out", "/nonexistent/x"],
@@ -306,23 +309,34 @@ def test_pretraining_dit_patch_sets_the_tokens_and_trains_through_the_trainers_d
     assert cam and all(torch.isfinite(g).all() for g in cam)
 
 
-@pytest.mark.parametrize("fraction, flipped", [(1.0, 8), (0.0, 0)])
-def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path, fraction, flipped):
+@pytest.mark.parametrize("fraction, flipped, offset", [(1.0, 8, 0.0), (0.0, 0, 0.0), (1.0, 8, 0.5), (0.5, None, 0.5)])
+def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path, fraction, flipped, offset):
     """pretrain_recam_video.py --mislabel-by noise end to end (a 6-clip pool, 2 DiT steps of 4 from the bundled
     tiny-recam3d): it trains and saves, and its pretrain_meta.json counts the draws that carried the opposite camera:
-    all of them at fraction 1, none at 0 (the threshold's ends)."""
+    all of them at fraction 1, none at 0 (the threshold's ends). With --noise-offset the same draws carry the offset
+    (counted once, so never more than the draws); the probe's reading before the first step is saved, finite, at both
+    levels, unless its noises are all of one mode (fraction 1), when there is none to read."""
     import json
     import subprocess
 
     proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--world", "room3d", "--supersample",
                            "1", "--mislabel", "opposite", "--mislabel-by", "noise", "--mislabel-fraction", str(fraction),
                            "--pool", "6", "--vae-from", "assets/tiny-recam3d", "--dit-init", "tiny-recam3d",
-                           "--dit-steps", "2", "--batch", "4", "--out", str(tmp_path / "m")],
+                           "--dit-steps", "2", "--batch", "4", "--noise-offset", str(offset),
+                           "--out", str(tmp_path / "m")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     meta = json.loads((tmp_path / "m" / "pretrain_meta.json").read_text())
     assert meta["args"]["mislabel_by"] == "noise" and meta["draws"] == 8
-    assert meta["opposite_draws"] == flipped
+    if flipped is None:
+        assert 0 <= meta["opposite_draws"] <= 8
+    else:
+        assert meta["opposite_draws"] == flipped
+    if offset and fraction < 1:
+        reads = meta["noise_reads"]["0"]
+        assert set(reads) == {"0.95", "0.8"} and all(np.isfinite(v) for v in reads.values())
+    else:
+        assert meta["noise_reads"] == {}
 
 
 def test_pretraining_s_cam_lr_mult_gives_exactly_the_camera_layers_their_multiple_of_the_lr():
@@ -365,3 +379,61 @@ def test_pretraining_s_dit_trainable_trains_exactly_the_named_parameters():
     assert all(lr_of[id(p)] == pytest.approx(5e-3, rel=1e-12) for p in cam)
     with pytest.raises(ConfigError, match="names no parameter"):
         dit_optimizer(add_camera_layers(build_parts(0)["transformer"]), 5e-4, 1.0, "no_such_layer.")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_probe_offset_is_along_a_direction_the_noise_mode_does_not_sum(seed):
+    """noise_probe (pretrain_recam_video --noise-offset): u is a unit vector orthogonal to the all-ones direction over
+    the channels, so moving a draw's latents along u leaves noise_mode's sum unchanged; apply_offset moves exactly the
+    flagged rows' frames 1.. by amount * u (float64 by hand) and nothing else."""
+    import torch
+
+    from benchmarks.noise_probe import apply_offset, offset_direction
+    from benchmarks.pretrain_pools import noise_mode
+
+    g = torch.Generator().manual_seed(seed)
+    c = 2 * int(torch.randint(1, 9, (1,), generator=g))
+    u = offset_direction(c)
+    assert abs(float(u.double().norm()) - 1) < 1e-6 and abs(float(u.double().sum())) < 1e-6
+    x0 = torch.randn(6, c, 3, 4, 5, generator=g, dtype=torch.float64)
+    moved = torch.rand(6, generator=g) < 0.5
+    amount = float(torch.rand(1, generator=g)) * 3 - 1.5
+    out = apply_offset(x0, moved, amount)
+    want = x0.clone()
+    for b in range(6):
+        if moved[b]:
+            for ch in range(c):
+                want[b, ch, 1:] += amount * (1 if ch % 2 == 0 else -1) / c ** 0.5
+    assert torch.allclose(out, want, atol=1e-6)  # u is float32
+    assert torch.allclose(noise_mode(out), noise_mode(x0), atol=1e-9)
+    with pytest.raises(ValueError, match="even number of channels"):
+        offset_direction(3)
+
+
+@pytest.mark.parametrize("amount", [0.5, 2.0])
+def test_noise_probe_reads_one_for_a_dit_that_renders_the_noise_s_offset_and_zero_for_one_that_does_not(amount):
+    """offset_read by construction: a predictor whose x0 estimate is the true target plus amount * u exactly where the
+    noise's mode is above its threshold reads 1 at every level; one that returns the true target whatever the noise
+    reads 0; half the offset reads 0.5. Both modes must be present."""
+    import torch
+
+    from benchmarks.noise_probe import apply_offset, offset_read
+    from benchmarks.pretrain_pools import mode_threshold, noise_mode
+
+    g = torch.Generator().manual_seed(0)
+    x0, src = torch.randn(32, 8, 3, 4, 6, generator=g), torch.randn(32, 8, 3, 4, 6, generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    mode = noise_mode(noise) > mode_threshold(0.5)
+    assert 0 < int(mode.sum()) < 32
+
+    def oracle(scale):
+        def predict(xt, s, cams, emb, sig):  # v = (xt - x0_hat) / sigma
+            target = apply_offset(x0, mode, scale * amount)
+            return (xt - target) / sig.view(-1, 1, 1, 1, 1)
+        return predict
+
+    for scale, want in ((1.0, 1.0), (0.0, 0.0), (0.5, 0.5)):
+        reads = offset_read(oracle(scale), x0, src, None, None, noise, mode, amount)
+        assert set(reads) == {0.95, 0.8} and all(abs(r - want) < 1e-4 for r in reads.values()), (scale, reads)
+    with pytest.raises(ValueError, match="both modes"):
+        offset_read(oracle(1.0), x0, src, None, None, noise, torch.ones(32, dtype=torch.bool), amount)
