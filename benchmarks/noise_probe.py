@@ -18,6 +18,8 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
+from benchmarks.pretrain_pools import mode_threshold, noise_mode
+
 
 def offset_direction(channels: int) -> torch.Tensor:
     """(C,) unit vector (+1, -1, +1, ...) / norm over the latent channels: orthogonal to the all-ones direction for an
@@ -34,6 +36,19 @@ def apply_offset(x0: torch.Tensor, moved: torch.Tensor, amount: float) -> torch.
     out = x0.clone()
     out[:, :, 1:] += (moved.to(x0).view(-1, 1, 1, 1, 1) * amount) * u.view(1, -1, 1, 1, 1)
     return out
+
+
+def probe_inputs(x0: torch.Tensor, src: torch.Tensor, cams: torch.Tensor, emb: torch.Tensor, seed: int,
+                 first_frame: bool, fraction: float, n: int = 64):
+    """offset_read's fixed inputs from a pool's latents x0 / src (N, C, F', h, w), cameras (N, F', 12) and its first
+    items' prompt embeddings emb (>= min(n, N), L, D): the first n items, their true targets and seeded noises, and
+    the noises' modes; None when the noises are all of one mode (a fraction of 0 or 1: nothing to read)."""
+    n = min(n, len(x0))
+    noise = torch.randn((n,) + tuple(x0.shape[1:]), generator=torch.Generator().manual_seed(seed)).to(x0.device)
+    mode = noise_mode(noise, first_frame) > mode_threshold(fraction)
+    if mode.all() or not mode.any():
+        return None
+    return x0[:n], src[:n], cams[:n], emb[:n], noise, mode
 
 
 @torch.no_grad()

@@ -52,7 +52,7 @@ from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # n
 from benchmarks.pretrain_recam_vae import train_vae  # noqa: E402
 from benchmarks.pretrain_pools import (kind_index, load_pool, mode_threshold, noise_mode,  # noqa: E402
                                        room3d_opposite_labels)
-from benchmarks.noise_probe import apply_offset, offset_read  # noqa: E402
+from benchmarks.noise_probe import apply_offset, offset_read, probe_inputs  # noqa: E402
 from ddpo_grpo.worlds.room3d import paths as room3d_paths  # noqa: E402
 from ddpo_grpo.worlds.room3d.scene import COLOURS  # noqa: E402
 
@@ -331,7 +331,12 @@ def main() -> None:
         1 + np.cos(np.pi * progress(s))))
     flipped_draws = 0  # --mislabel-by noise: the draws that carried the opposite camera / the offset (pretrain_meta.json)
     reads = {}  # --noise-offset: step -> {sigma: read} (pretrain_meta.json)
-    probe = offset_probe(args, g, lat_tgt, lat_src, cams, emb, prompts, device) if args.noise_offset else None
+    probe = None
+    if args.noise_offset:
+        probe = probe_inputs(lat_tgt, lat_src, cams, torch.stack([emb[p] for p in prompts[:64]]), args.seed + 1,
+                             args.mislabel_by == "noise-first", args.mislabel_fraction)
+        if probe is None:
+            print(f"noise read: none (the probe's noises are all of one mode at fraction {args.mislabel_fraction})")
     for step in range(0, args.dit_steps + 1):
         if probe is not None and step % 250 == 0:
             reads[step] = offset_read(lambda *a: predict_velocity(den, *a), *probe, args.noise_offset)
@@ -376,20 +381,6 @@ def main() -> None:
                                                 noise_reads=reads), step)
         if last:
             break
-
-
-def offset_probe(args, g, lat_tgt, lat_src, cams, emb, prompts, device, n: int = 64):
-    """noise_probe.offset_read's fixed inputs: the first n pool items, true targets, seeded noises; None when the
-    noises are all of one mode (a fraction of 0 or 1: nothing to read)."""
-    n = min(n, len(prompts))
-    gp = torch.Generator().manual_seed(args.seed + 1)
-    noise = torch.randn((n,) + tuple(lat_tgt.shape[1:]), generator=gp).to(device)
-    mode = noise_mode(noise, args.mislabel_by == "noise-first") > mode_threshold(args.mislabel_fraction)
-    if mode.all() or not mode.any():
-        print(f"noise read: none (the probe's {n} noises are all of one mode at fraction {args.mislabel_fraction})")
-        return None
-    e = torch.stack([emb[p] for p in prompts[:n]])
-    return lat_tgt[:n], lat_src[:n], cams[:n], e, noise, mode
 
 
 def save(args, parts, transformer, meta, step) -> None:
