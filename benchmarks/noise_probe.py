@@ -10,7 +10,8 @@ either, what it lacks is the reading; if it can, it is the gate.
 
 `offset_read` is the reading: on fixed pool clips, with the TRUE (unmoved) targets for every draw, so that the only
 difference between the two halves is the noise's mode, the mean offset along `u` of the DiT's predicted x0 on the
-moved frames (less the true target's), mode above minus mode below, over A. 1: the DiT renders the noise's offset; 0: it does not read it.
+moved frames (less the true target's), mode above minus mode below, over A. 1: the DiT renders the noise's offset;
+0: it does not read it.
 """
 from __future__ import annotations
 

@@ -309,13 +309,13 @@ def test_pretraining_dit_patch_sets_the_tokens_and_trains_through_the_trainers_d
     assert cam and all(torch.isfinite(g).all() for g in cam)
 
 
-@pytest.mark.parametrize("fraction, flipped, offset", [(1.0, 8, 0.0), (0.0, 0, 0.0), (1.0, 8, 0.5), (0.5, None, 0.5)])
+@pytest.mark.parametrize("fraction, flipped, offset", [(1.0, 8, 0.0), (0.0, 0, 0.0), (0.5, None, 0.5)])
 def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path, fraction, flipped, offset):
     """pretrain_recam_video.py --mislabel-by noise end to end (a 6-clip pool, 2 DiT steps of 4 from the bundled
     tiny-recam3d): it trains and saves, and its pretrain_meta.json counts the draws that carried the opposite camera:
     all of them at fraction 1, none at 0 (the threshold's ends). With --noise-offset the same draws carry the offset
-    (counted once, so never more than the draws); the probe's reading before the first step is saved, finite, at both
-    levels, unless its noises are all of one mode (fraction 1), when there is none to read."""
+    (counted once, so never more than the draws) and the probe's reading before the first step is saved, finite, at
+    both levels."""
     import json
     import subprocess
 
@@ -332,7 +332,7 @@ def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path,
         assert 0 <= meta["opposite_draws"] <= 8
     else:
         assert meta["opposite_draws"] == flipped
-    if offset and fraction < 1:
+    if offset:
         reads = meta["noise_reads"]["0"]
         assert set(reads) == {"0.95", "0.8"} and all(np.isfinite(v) for v in reads.values())
     else:
@@ -437,3 +437,20 @@ def test_noise_probe_reads_one_for_a_dit_that_renders_the_noise_s_offset_and_zer
         assert set(reads) == {0.95, 0.8} and all(abs(r - want) < 1e-4 for r in reads.values()), (scale, reads)
     with pytest.raises(ValueError, match="both modes"):
         offset_read(oracle(1.0), x0, src, None, None, noise, torch.ones(32, dtype=torch.bool), amount)
+
+
+def test_noise_probe_inputs_are_seeded_and_none_when_the_noises_have_one_mode():
+    """probe_inputs: the first n items, the same noises for the same seed, modes as noise_mode reads them against the
+    fraction's threshold; None at fractions 0 and 1 (every noise on one side: nothing to read)."""
+    import torch
+
+    from benchmarks.noise_probe import probe_inputs
+    from benchmarks.pretrain_pools import mode_threshold, noise_mode
+
+    x0, src = torch.randn(10, 8, 3, 4, 6), torch.randn(10, 8, 3, 4, 6)
+    cams, emb = torch.randn(10, 3, 12), torch.randn(10, 5, 16)
+    a, b = probe_inputs(x0, src, cams, emb, 7, False, 0.5, n=6), probe_inputs(x0, src, cams, emb, 7, False, 0.5, n=6)
+    assert a is not None and torch.equal(a[4], b[4]) and a[0].shape[0] == 6 and torch.equal(a[0], x0[:6])
+    assert torch.equal(a[5], noise_mode(a[4]) > mode_threshold(0.5))
+    assert probe_inputs(x0, src, cams, emb, 7, False, 1.0) is None
+    assert probe_inputs(x0, src, cams, emb, 7, True, 0.0) is None
