@@ -337,13 +337,15 @@ def main() -> None:
                              args.mislabel_by == "noise-first", args.mislabel_fraction)
         if probe is None:
             print(f"noise read: none (the probe's noises are all of one mode at fraction {args.mislabel_fraction})")
-    for step in range(0, args.dit_steps + 1):
+
+    def read_noise(step):  # --noise-offset: the probe's reading after `step` steps, every 250
         if probe is not None and step % 250 == 0:
             reads[step] = offset_read(lambda *a: predict_velocity(den, *a), *probe, args.noise_offset)
             print(f"noise read step {step}: " + " ".join(f"sigma {s} {r:+.3f}" for s, r in reads[step].items()),
                   flush=True)
-        if step == 0:
-            continue
+
+    read_noise(0)
+    for step in range(1, args.dit_steps + 1):
         idx = torch.randint(0, len(prompts), (args.batch,), generator=g)
         on = idx.to(device)
         x0 = lat_tgt[on]
@@ -369,6 +371,7 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
         opt.step()
         sched.step()
+        read_noise(step)
         if step % 100 == 0 or step == 1:
             print(f"dit {step}/{args.dit_steps} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
         last = step == args.dit_steps or progress(step) >= 1.0
