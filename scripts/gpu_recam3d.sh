@@ -18,8 +18,8 @@
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
 # folder, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
 # DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default "--dit-layers 8 --dit-heads 8
-# --dit-ffn 256 --cam-lr-mult 10"; with DIT_ARGS="--dit-init assets/tiny-recam3d" DIT_LR=2e-4 it trains the bundled
-# 4-block DiT on), WORKERS (the estimator's processes, 12).
+# --dit-ffn 256 --cam-lr-mult 10"; with DIT_ARGS="--dit-init assets/tiny-recam3d --dit-heads 8 --dit-ffn 256"
+# DIT_LR=2e-4 it trains the bundled 4-block DiT on), WORKERS (the estimator's processes, 12).
 # Then here: benchmarks/recam3d_dit_loss.py --labels true on the folder (a minute), and recam3d_start.py's
 # translations: they must read well above 0.08-0.12 (the best CPU DiT's: 128 channels, 12,000 steps, docs/recam.md
 # twenty-third session) before the folder goes into the GRPO runs (--config.pretrained.model=FOLDER) or

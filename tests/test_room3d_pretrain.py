@@ -179,9 +179,8 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     """scripts/gpu_recam3d.sh --dry-run with its defaults: the device command's two stages on the CPU. A fresh 8-block
     DiT 128 channels wide with its camera layers at 10 x the lr (the default variant) trains until --dit-seconds ends
     its schedule (the folder, not a snapshot, is saved, with the steps it ran), the folder loads with plain diffusers
-    with 8 blocks of 8 heads, its ReCamMaster checkpoint holds CPU tensors: the bundled DiT's keys block for block,
-    every dimension the width sets (the bundled model's multiples of 64) twice the bundled one and the rest (latent
-    channels, camera numbers, text and time features) the same, camera layers for all 8 blocks, and recam3d_start's
+    with 8 blocks of 8 heads, its ReCamMaster checkpoint holds CPU tensors: the bundled DiT's keys and shapes block
+    for block (the bundled DiT is as wide, with 4 blocks), camera layers for all 8 blocks, and recam3d_start's
     measurement is written."""
     import json
     import subprocess
@@ -210,9 +209,10 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     per_block = [k for k in old if k.startswith("blocks.0.")]
     shared = [k for k in old if not k.startswith("blocks.")]
     assert set(new) == set(shared) | {block(k, n) for k in per_block for n in range(8)}
-    wider = lambda shape: tuple(2 * d if d % 64 == 0 else d for d in shape)  # noqa: E731  (64 -> 128 channels)
-    assert all(tuple(new[block(k, n)].shape) == wider(old[k].shape) for k in per_block for n in range(8))
-    assert all(tuple(new[k].shape) == wider(old[k].shape) for k in shared)
+    # the bundled DiT is the same width (8 heads of 16, FFN 256) with 4 blocks: every shape is its, block for block
+    assert len({k.split(".")[1] for k in old if k.startswith("blocks.")}) == 4
+    assert all(tuple(new[block(k, n)].shape) == tuple(old[k].shape) for k in per_block for n in range(8))
+    assert all(tuple(new[k].shape) == tuple(old[k].shape) for k in shared)
     assert tuple(new["blocks.0.cam_encoder.weight"].shape) == (128, 12)
     assert {f"blocks.{n}.cam_encoder.weight" for n in range(8)} <= set(new)
     plain = WanTransformer3DModel.from_pretrained(folder / "transformer")
@@ -322,7 +322,7 @@ def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path,
     proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--world", "room3d", "--supersample",
                            "1", "--mislabel", "opposite", "--mislabel-by", "noise", "--mislabel-fraction", str(fraction),
                            "--pool", "6", "--vae-from", "assets/tiny-recam3d", "--dit-init", "tiny-recam3d",
-                           "--dit-steps", "2", "--batch", "4", "--noise-offset", str(offset),
+                           "--dit-heads", "8", "--dit-ffn", "256", "--dit-steps", "2", "--batch", "4", "--noise-offset", str(offset),
                            "--out", str(tmp_path / "m")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

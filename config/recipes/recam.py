@@ -142,9 +142,9 @@ def recam_video_tiny_grpo():
 def _room3d(config):
     """The 3-D camera world on this CPU (data.name room3d: pans and tilts turn the camera; train on random paths in
     training rooms, evaluated on ReCamMaster's ten presets in held-out rooms, 64 x 4 deterministic samples) with the
-    bundled `tiny-recam3d`: ReCamMaster's architecture pretrained there with part of its pairs conditioned on the
-    OPPOSITE camera (benchmarks/pretrain_recam_video.py --mislabel opposite), so its camera error is a known, shared
-    one. cam_score reads the camera with the world's exact estimator (it knows the room: the pose whose render matches
+    bundled `tiny-recam3d`: ReCamMaster's architecture pretrained there, then taught to take the OPPOSITE camera
+    for half its starting noises, in the parameters this recipe trains (benchmarks/make_tiny_recam3d.sh), so its camera
+    error is a known one that its own draws disagree on. cam_score reads the camera with the world's exact estimator (it knows the room: the pose whose render matches
     each frame), at the blur-robust setting measured for generated clips (docs/recam.md)."""
     config.data.name = "room3d"
     config.pretrained.model = "tiny-recam3d"
@@ -159,8 +159,9 @@ def _room3d(config):
 def recam3d_tiny_grpo():
     """recam_video_tiny_grpo's recipe (clipped ratio, per-timestep advantages on the 4-step SDE window, the EMA-mixed
     reference, 40 epochs x 128 clips) on the 3-D camera world with `tiny-recam3d` (_room3d), its lr adapted to a
-    policy shift of 1.5e-5 per epoch instead of the 2-D world's 3e-6: held-out cam_score 0.132 -> 0.186 / 0.183 / 0.178
-    (seeds 42 / 1 / 2) against 0.168 / 0.172 / 0.163 at 3e-6; at 5e-5 it fell back by epoch 20 (docs/recam.md)."""
+    policy shift of 1.5e-5 per epoch instead of the 2-D world's 3e-6: from the earlier 64-channel start, held-out
+    cam_score 0.132 -> 0.186 / 0.183 / 0.178 (seeds 42 / 1 / 2) against 0.168 / 0.172 / 0.163 at 3e-6, and at 5e-5 it
+    fell back by epoch 20; from the bundled start, docs/recam.md (thirty-fifth session)."""
     config = _room3d(recam_video_tiny_grpo())
     config.train.target_shift_kl = 1.5e-5
     return config

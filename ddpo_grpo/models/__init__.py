@@ -19,8 +19,9 @@ BUNDLED = {
     # ReCamMaster's architecture (Wan classes + camera layers) pretrained on the video camera world; its DiT is
     # recammaster.ckpt inside the folder (config recam_video_tiny: pretrained.recam_checkpoint="recammaster.ckpt")
     "tiny-recam-video": "tiny-recam-video",
-    # the same architecture pretrained on the 3-D camera world (worlds/room3d) with a quarter of its pairs conditioned
-    # on the opposite camera (config recam3d_tiny_grpo; docs/recam.md: an interim start model, issue 59)
+    # the same architecture, 128 channels wide, pretrained on the 3-D camera world (worlds/room3d), then taught to take
+    # the opposite camera for half its starting noises in ReCamMaster's trainable set (config recam3d_tiny_grpo; its DiT
+    # stored in float16; benchmarks/make_tiny_recam3d.sh; docs/recam.md: the start model of issue 59)
     "tiny-recam3d": "tiny-recam3d",
 }
 # Models built from configs in memory (random weights, nothing read from disk): name -> family, and name -> the
