@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-CHECKPOINT = "recammaster.ckpt"
+from ddpo_grpo.models.recam import EXPORT_CHECKPOINT as CHECKPOINT  # the one name of the checkpoint file
+
 
 
 class BadInput(Exception):
