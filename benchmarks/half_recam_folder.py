@@ -22,11 +22,11 @@ import torch
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT as CHECKPOINT  # the one name of the checkpoint file
 
+WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 class BadInput(Exception):
     """A SRC or --parents folder that is not a pretrain_recam_video.py folder: one line, exit 2."""
-WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def halve(state: dict) -> dict:
