@@ -161,7 +161,8 @@ def recam3d_tiny_grpo():
     reference, 40 epochs x 128 clips) on the 3-D camera world with `tiny-recam3d` (_room3d), its lr adapted to a
     policy shift of 1.5e-5 per epoch instead of the 2-D world's 3e-6: from the earlier 64-channel start, held-out
     cam_score 0.132 -> 0.186 / 0.183 / 0.178 (seeds 42 / 1 / 2) against 0.168 / 0.172 / 0.163 at 3e-6, and at 5e-5 it
-    fell back by epoch 20; from the bundled start, docs/recam.md (thirty-fifth session)."""
+    fell back by epoch 20; from the bundled start 0.181 -> 0.283 / 0.279 / 0.264 at epoch 40 (docs/recam.md,
+    thirty-sixth session)."""
     config = _room3d(recam_video_tiny_grpo())
     config.train.target_shift_kl = 1.5e-5
     return config
