@@ -237,6 +237,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.kl_steps = "trained"
     config.train.reference_model_mixup_alpha = 1.0  # ref <- a*ref + (1-a)*policy; 1 = frozen start
     config.train.reference_update_freq = 1  # optimizer steps between reference mixes
+    # > 0: an EMA of the trained parameters, theta_ema <- d*theta_ema + (1-d)*theta every ema_update_freq optimizer
+    # steps, d warmed up as diffusers' EMAModel does (min(d, (1+s)/(10+s)) at the (s+1)-th mix). Eval measures it,
+    # checkpoints hold it (ema_policy.safetensors beside model.safetensors) and the export writes it, as diffusers'
+    # --use_ema and Flow-GRPO's train.ema do; sampling, the ratio and the KL stay on the policy itself. Averaging
+    # the last updates' weights takes out part of the noise one epoch's gradient puts in them. 0 = off; not with
+    # nft_old_decay (NFT's eval measures its soft-updated sampling policy, itself an EMA of the policy).
+    config.train.ema_decay = 0.0
+    config.train.ema_update_freq = 1
     config.train.sup_weight = 0.0  # supervised denoising loss on pretraining data (0 = off)
     config.train.sup_warmup_epochs = 0  # linear ramp of the sup weight up to sup_weight over these epochs
     config.train.sup_decay_epochs = 0  # then linear decay to 0 over these epochs (0 = keep sup_weight)
@@ -285,6 +293,7 @@ def get_config() -> ml_collections.ConfigDict:
     # what DDPO reports; only meaningful with data.num_conditions small enough that they recur.
     config.eval.split = "eval"
     config.eval.seed = 1234
+    config.eval.also_policy = False  # with train.ema_decay > 0: also evaluate the trained policy (eval_policy/...)
     config.eval.batch_size = 32
     # pass@k with every eval: k stochastic samples (the training sampler) of each eval condition, fixed seeds; the
     # share of conditions with at least one right sample (a `*strict_accuracy` detail, else reward >= 1). 0 = off.

@@ -1,7 +1,7 @@
 """What a user takes away: a run's exported model, loaded by plain diffusers in a fresh process that never imports
 ddpo_grpo, with only what the export holds (its files and export.json: scheduler, steps, eta, size, guidance), reproduces
-the deterministic sample of the policy eval measures; for LoRA, full fine-tuning and DiffusionNFT's soft-updated
-sampling policy, at the end of a run and from a checkpoint in the middle of it; for every stock pipeline class at
+the deterministic sample of the policy eval measures; for LoRA, full fine-tuning, DiffusionNFT's soft-updated
+sampling policy and the policy's EMA (train.ema_decay), at the end of a run and from a checkpoint in the middle of it; for every stock pipeline class at
 non-default settings. Also eval_model.py's loading of every weights format."""
 import json
 import os
@@ -22,7 +22,10 @@ RUN = ["--config.sample.num_steps=4", "--config.sample.batch_size=4", "--config.
        "--config.train.learning_rate=3e-3", "--config.lora_rank=4"]
 MODES = {"lora": ["--config.use_lora=True"], "full": ["--config.use_lora=False"],
          # DiffusionNFT's soft-updated sampling policy theta_old samples and is what eval measures: the export's weights
-         "nft": ["--config.use_lora=False", "--config.train.objective=nft", "--config.train.nft_old_decay=0.5"]}
+         "nft": ["--config.use_lora=False", "--config.train.objective=nft", "--config.train.nft_old_decay=0.5"],
+         # train.ema_decay: the policy's EMA is what eval measures and the export holds; training is the full run's
+         "ema": ["--config.use_lora=False", "--config.train.ema_decay=0.6"]}
+OVER = {"nft": "sampling_policy.safetensors", "ema": "ema_policy.safetensors"}  # the weights eval measures, over theta
 SEEDS = [7, 8, 9]
 PROMPTS = ["a red circle on the left", "a blue square in the middle", "a green triangle on the right"]
 
@@ -69,10 +72,11 @@ def runs(tmp_path_factory):
     return tmp
 
 
-def trained_policy_sample(ckpt: str, lora: bool, nft: bool = False, theta: bool = False) -> torch.Tensor:
-    """The policy eval measures, rebuilt from the checkpoint's training state as the trainer holds it (nft: its
-    sampling policy theta_old, sampling_policy.safetensors over the trained theta; theta=True: the trained theta
-    instead), sampled deterministically (DDIM eta 0) by our sampler from one seeded generator per sample."""
+def trained_policy_sample(ckpt: str, lora: bool, over: str = "", theta: bool = False) -> torch.Tensor:
+    """The policy eval measures, rebuilt from the checkpoint's training state as the trainer holds it (`over`: the
+    file of the weights eval measures over the trained theta, nft's sampling policy theta_old or the EMA; theta=True:
+    the trained theta instead), sampled deterministically (DDIM eta 0) by our sampler from one seeded generator per
+    sample."""
     from ml_collections import ConfigDict
 
     from ddpo_grpo.core.pipeline_with_logprob import encode_prompts, pipeline_with_logprob
@@ -84,8 +88,8 @@ def trained_policy_sample(ckpt: str, lora: bool, nft: bool = False, theta: bool 
     make_trainable(pipe.unet, ConfigDict(dict(use_lora=lora, lora_rank=4, train=dict(
         learning_rate=1e-3, adam_beta1=0.9, adam_beta2=0.999, adam_weight_decay=0.0, adam_epsilon=1e-8))))
     pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "model.safetensors")), strict=True)
-    if nft and not theta:
-        pipe.unet.load_state_dict(load_file(os.path.join(ckpt, "sampling_policy.safetensors")), strict=False)
+    if over and not theta:
+        pipe.unet.load_state_dict(load_file(os.path.join(ckpt, over)), strict=False)
     with torch.no_grad():
         emb = encode_prompts(pipe.text_encoder, pipe.tokenizer, PROMPTS)
     traj = pipeline_with_logprob(pipe.unet, pipe.scheduler, SamplerSettings(family="ddim", eta=1.0), emb,
@@ -98,11 +102,11 @@ def trained_policy_sample(ckpt: str, lora: bool, nft: bool = False, theta: bool 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, tmp_path):
     """The export alone (its files and export.json, nothing passed by hand but the prompts and seeds) samples what the
-    policy eval measures samples: LoRA, full, and DiffusionNFT's sampling policy."""
+    policy eval measures samples: LoRA, full, DiffusionNFT's sampling policy and the policy's EMA."""
     run = runs / mode
     ckpts = sorted((run / "checkpoints").glob("checkpoint_*"))
     assert [c.name for c in ckpts] == ["checkpoint_00001", "checkpoint_00002"]
-    lora, nft = mode == "lora", mode == "nft"
+    lora, over = mode == "lora", OVER.get(mode, "")
     export_files = sorted(os.listdir(run / "export"))
     if lora:  # a standard LoRA file, not the whole peft-wrapped model, and the scheduler the run sampled with
         assert export_files == ["export.json", "pytorch_lora_weights.safetensors", "scheduler"]
@@ -114,8 +118,9 @@ def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, t
     for export, ckpt in ((run / "export", ckpts[-1]), (ckpts[0] / "export", ckpts[0])):
         info = json.load(open(export / "export.json"))
         assert info["epoch"] == int(ckpt.name[-5:]) and info["scheduler"] == "DDIMScheduler"
-        assert info["weights"].startswith("sampling policy") == nft
-        want = trained_policy_sample(str(ckpt), lora, nft)
+        assert info["weights"].startswith("sampling policy") == (mode == "nft")
+        assert info["weights"].startswith("EMA of the policy") == (mode == "ema")
+        want = trained_policy_sample(str(ckpt), lora, over)
         data, out = tmp_path / "data.pt", tmp_path / "out.pt"
         torch.save({"seeds": SEEDS, "prompts": PROMPTS}, data)
         p = subprocess.run([sys.executable, "-c", PLAIN, str(export), str(data), str(out)], cwd=str(tmp_path),
@@ -125,11 +130,17 @@ def test_export_loads_in_plain_diffusers_and_reproduces_the_policy(runs, mode, t
         assert got["loaded"] == []  # plain diffusers: nothing of ddpo_grpo was imported
         assert got["images"].shape == want.shape == (len(PROMPTS), 3, 32, 32)
         assert (got["images"] - want).abs().max().item() <= 1e-5
-        if nft:  # theta_old is not the trained theta, so exporting theta would fail the comparison above
-            assert (trained_policy_sample(str(ckpt), lora, nft, theta=True) - want).abs().max().item() > 1e-3
+        if over:  # theta_old / the EMA is not the trained theta, so exporting theta would fail the comparison above
+            assert (trained_policy_sample(str(ckpt), lora, over, theta=True) - want).abs().max().item() > 1e-3
     # the two checkpoints differ (training moved the model), so the comparison above could fail
-    base = trained_policy_sample(str(ckpts[0]), lora, nft)
-    assert (trained_policy_sample(str(ckpts[-1]), lora, nft) - base).abs().max().item() > 1e-3
+    base = trained_policy_sample(str(ckpts[0]), lora, over)
+    assert (trained_policy_sample(str(ckpts[-1]), lora, over) - base).abs().max().item() > 1e-3
+    if mode == "ema":  # the EMA only watches: the trained theta is the full run's, step for step (same seed)
+        for a, b in zip(sorted((runs / "full" / "checkpoints").glob("checkpoint_*")), ckpts):
+            mine, full = load_file(str(b / "model.safetensors")), load_file(str(a / "model.safetensors"))
+            assert mine.keys() == full.keys()
+            for k in mine:
+                torch.testing.assert_close(mine[k], full[k], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.timeout(120)

@@ -372,6 +372,8 @@ def test_settings_of_counts_the_runs_rows_and_copies():
     assert mp.settings_of(cfg, "bf16", 20).reference_copies == 0
     cfg.train.beta = 0.01
     assert mp.settings_of(cfg, "bf16", 20).reference_copies == 1
+    cfg.train.ema_decay = 0.95  # the eval EMA is one more copy
+    assert mp.settings_of(cfg, "bf16", 20).reference_copies == 2
 
 
 def test_host_memory_of_the_switches_by_hand():

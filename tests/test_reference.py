@@ -40,6 +40,33 @@ def test_closed_form_mix_every_f_steps():
         assert not t.requires_grad
 
 
+@pytest.mark.parametrize("decay,freq", [(0.95, 1), (0.6, 1), (0.9, 3)])
+def test_warmup_follows_diffusers_ema_model(decay, freq):
+    """train.ema_decay's EMA (warmup=True) is diffusers' EMAModel without use_ema_warmup, mix for mix: the same
+    tensors after random policy moves (float64; EMAModel stepped at every mix), and its first mix is a copy."""
+    from diffusers.training_utils import EMAModel
+
+    policy = _mlp(3)
+    ema = EMAReference(policy, alpha=decay, update_freq=freq, warmup=True)
+    theirs = EMAModel(policy.parameters(), decay=decay)
+    g = torch.Generator().manual_seed(7)
+    for s in range(1, 61):
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+        if ema.step():
+            theirs.step(policy.parameters())
+        if s == freq:  # the first mix copies the policy (EMAModel's decay 0 at its first step)
+            for n, p in policy.named_parameters():
+                assert torch.equal(ema.tensors[n], p.detach())
+    assert ema.num_updates == 60 // freq == theirs.optimization_step
+    for (n, t), shadow in zip(ema.tensors.items(), theirs.shadow_params):
+        torch.testing.assert_close(t, shadow, rtol=1e-12, atol=1e-12)
+    # the weights used: (1 + s) / (10 + s) capped at decay, so the average covers a growing tail of the run
+    assert [ema.mix_weight(n) for n in (1, 2, 11)] == [0.0, min(decay, 2 / 11), min(decay, 11 / 20)]
+    assert EMAReference(policy, alpha=decay).mix_weight(1) == decay  # without warmup: alpha from the first mix
+
+
 def test_alpha_one_keeps_initial_weights():
     policy = _mlp()
     theta0 = _snapshot(policy)

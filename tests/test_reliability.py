@@ -228,7 +228,11 @@ def test_resume_with_other_registered_objects_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"holds 2 saved run objects, this config 3 .*train\.beta"):
         load_checkpoint(ctx, ckpt)
     assert loaded == []
-    ctx.reference = None
+    ctx.reference, ctx.ema = None, object()  # this config: train.ema_decay > 0
+    assert checkpointed_objects(ctx) == ["run state", "stat tracker", "EMA of the policy (train.ema_decay > 0)"]
+    with pytest.raises(ConfigError, match=r"holds 2 saved run objects, this config 3 .*train\.ema_decay"):
+        load_checkpoint(ctx, ckpt)
+    ctx.ema = None
     assert load_checkpoint(ctx, ckpt) == ckpt and loaded == [ckpt]
 
 

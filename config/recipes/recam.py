@@ -165,6 +165,8 @@ def recam3d_tiny_grpo():
     thirty-sixth session)."""
     config = _room3d(recam_video_tiny_grpo())
     config.train.target_shift_kl = 1.5e-5
+    config.train.ema_decay = 0.95  # eval and the export measure the policy's EMA (diffusers' warm-up: ~the last 11 %)
+    config.eval.also_policy = True  # and the trained policy beside it
     return config
 
 

@@ -71,16 +71,21 @@ class EMAReference:
     tracked parameter to be an adapter parameter (guards against holding a full copy by mistake).
     dtype/device: where to keep the copy (default: each parameter's own), e.g. float32 for a
     bf16 policy so small EMA increments are not rounded away, or "cpu" to offload.
+    warmup: the weight of the old copy at the n-th mix is min(alpha, (1 + s) / (10 + s)), s = n - 1 (0 at the
+    first mix: a copy), as diffusers' EMAModel decays without use_ema_warmup, so that an average over the
+    last ~10 % of the mixes follows a policy that is still climbing instead of holding on to the start.
     """
 
     def __init__(self, policy: torch.nn.Module, alpha: float, update_freq: int = 1, lora: Optional[bool] = None,
-                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
+                 warmup: bool = False) -> None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if update_freq < 1:
             raise ValueError(f"update_freq must be >= 1, got {update_freq}")
         self.alpha = float(alpha)
         self.update_freq = int(update_freq)
+        self.warmup = bool(warmup)
         self._policy_params = {_strip(n): p for n, p in policy.named_parameters() if p.requires_grad}
         if not self._policy_params:
             raise ValueError("the policy has no trainable parameters to track")
@@ -117,6 +122,14 @@ class EMAReference:
                 raise ValueError(f"{n}: policy shape {tuple(p.shape)} != reference {tuple(self.tensors[n].shape)}")
         return params
 
+    def mix_weight(self, n: int) -> float:
+        """The old copy's weight at the n-th mix (n >= 1): alpha, or with warmup min(alpha, (1 + s) / (10 + s)),
+        s = n - 1."""
+        if not self.warmup:
+            return self.alpha
+        s = n - 1
+        return 0.0 if s <= 0 else min(self.alpha, (1.0 + s) / (10.0 + s))
+
     @torch.no_grad()
     def step(self, policy: Optional[torch.nn.Module] = None) -> bool:
         """Count one optimizer step; every update_freq-th call mix the policy in. Returns whether it
@@ -127,15 +140,16 @@ class EMAReference:
         if self.num_steps % self.update_freq != 0:
             return False
         self.num_updates += 1
-        if self.alpha == 1.0:
+        a = self.mix_weight(self.num_updates)
+        if a == 1.0:
             return True
         for n, p in self._params(policy).items():
             t = self.tensors[n]
             src = p.detach().to(device=t.device, dtype=t.dtype)
-            if self.alpha == 0.0:
+            if a == 0.0:
                 t.copy_(src)
             else:
-                t.mul_(self.alpha).add_(src, alpha=1.0 - self.alpha)
+                t.mul_(a).add_(src, alpha=1.0 - a)
         return True
 
     @contextmanager
@@ -191,7 +205,7 @@ class EMAReference:
                 "tensors": {n: _whole(t.detach()).cpu().clone() for n, t in self.tensors.items()}}
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
-        """Load tensors and counters; names and shapes must match. alpha and update_freq are kept
+        """Load tensors and counters; names and shapes must match. alpha, update_freq and warmup are kept
         from the constructor (a resumed run may change them on purpose)."""
         tensors = state["tensors"]
         if set(tensors) != set(self.tensors):

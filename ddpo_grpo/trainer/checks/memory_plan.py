@@ -50,7 +50,7 @@ class Settings:
     steps_per_call: int = 1  # timesteps stacked per sample in that call (the auto probe's largest: all trained)
     train_cfg: int = 1  # 2 where the training forward runs CFG's two halves as one batch (train.cfg, guidance != 1)
     sample_rows: int = 0  # rows of a sampling call: sample.batch_size x 2 under CFG (planned from counts)
-    reference_copies: int = 0  # EMA copies of the trainable parameters: KL reference (beta > 0), NFT's old policy
+    reference_copies: int = 0  # EMA copies of the trainable parameters: KL reference, NFT old policy, eval EMA
 
     @property
     def train_rows(self) -> int:
@@ -285,13 +285,14 @@ def settings_of(config, precision: str, trained_steps: int = 1) -> Settings:
     """The plan's Settings for a config: the largest training call's rows (training_call's b x S, x2 where training
     runs CFG's two halves as one batch: train.cfg and sample.guidance_scale != 1, as train_epoch and
     core.policy_step.denoiser_output do), a sampling call's rows (sample.batch_size, x2 under CFG), reference copies
-    (beta > 0, NFT's old policy), the memory switches of issue 38 (data.cache_embeddings, pretrained.offload) where
+    (beta > 0, NFT's old policy, train.ema_decay's EMA), the memory switches of issue 38 (data.cache_embeddings, pretrained.offload) where
     the config has them. The forward objectives (raft, nft) train one row per sample."""
     t = config.train
     grpo = t.get("objective", "grpo") == "grpo"
     guided = float(config.sample.guidance_scale) != 1.0
     b, S = training_call(config, trained_steps) if grpo else (int(t.batch_size), 1)
-    copies = int(t.beta > 0) + int(t.get("objective", "grpo") == "nft" and t.get("nft_old_decay", 0.0) > 0)
+    copies = (int(t.beta > 0) + int(t.get("objective", "grpo") == "nft" and t.get("nft_old_decay", 0.0) > 0)
+              + int(t.get("ema_decay", 0.0) > 0))
     return Settings(precision=precision, use_lora=bool(config.use_lora),
                     gradient_checkpointing=bool(config.gradient_checkpointing),
                     cache_embeddings=bool(config.data.get("cache_embeddings", False)),

@@ -1,7 +1,9 @@
 """Step 7: deterministic evaluation (DDIM eta=0 / flow ODE) of the policy on fixed held-out conditions
-with fixed seeds, so eval numbers are comparable across epochs and runs."""
+with fixed seeds, so eval numbers are comparable across epochs and runs. The policy measured is the one the run
+exports: train.ema_decay's EMA, nft's soft-updated sampling policy, else the trained policy itself."""
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -19,16 +21,18 @@ def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def _sample_and_score(ctx, positions, seeds, deterministic: bool):
+def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool = False):
     """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
     {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
-    on gold). Batches of eval.batch_size."""
+    on gold). Batches of eval.batch_size. The weights are the ones eval measures (ctx.eval_policy: the EMA with
+    train.ema_decay, else the sampling policy); policy=True: the trained policy itself."""
+
     from ..checks.hacking import score_gold, timed
 
     config, acc = ctx.config, ctx.accelerator
     settings = sampler_settings(config, ctx.pipe.family)
     scores, details, images, captions, gold, gold_s = [], {}, [], [], {}, 0.0
-    with ctx.sampling_policy():  # the policy that samples is the one evaluated (swapped in once)
+    with contextlib.nullcontext() if policy else ctx.eval_policy():  # swapped in once
         for lo in range(0, len(positions), config.eval.batch_size):
             items = [ctx.eval_data[int(p)] for p in positions[lo:lo + config.eval.batch_size]]
             prompts = [it["prompt"] for it in items]
@@ -77,9 +81,10 @@ def pass_at_k(conditions: np.ndarray, ok: np.ndarray, k: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(ctx, per_sample: Optional[dict] = None) -> Tuple[Dict[str, float], torch.Tensor, list]:
+def evaluate(ctx, per_sample: Optional[dict] = None, policy: bool = False) -> Tuple[Dict[str, float], torch.Tensor, list]:
     """Returns (metrics prefixed eval/, this process's deterministic images (n, C, H, W), captions). Every process
-    evaluates its shard; scores are gathered so all processes return the same metrics.
+    evaluates its shard; scores are gathered so all processes return the same metrics. The weights are the ones the
+    run reports and exports (ctx.eval_policy); policy=True: the trained policy itself (eval.also_policy).
 
     Deterministic (DDIM eta=0 / ODE): eval.num_samples samples cycling through the eval conditions. With
     eval.pass_at_k = k > 0 also k stochastic samples (the training sampler) of each eval condition: eval/pass_at_k
@@ -94,7 +99,7 @@ def evaluate(ctx, per_sample: Optional[dict] = None) -> Tuple[Dict[str, float], 
     pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
     mine = _shard(len(pos), acc)
     scores, details, images, captions, gold, gold_s = _sample_and_score(
-        ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine], deterministic=True)
+        ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine], deterministic=True, policy=policy)
     all_scores = gather(scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}
     if per_sample is not None:
@@ -109,7 +114,7 @@ def evaluate(ctx, per_sample: Optional[dict] = None) -> Tuple[Dict[str, float], 
         cond = np.repeat(np.unique(pos), k)  # the conditions the deterministic eval covers
         mine = _shard(len(cond), acc)
         s, d, _, _, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
-                                       deterministic=False)
+                                       deterministic=False, policy=policy)
         ok = gather(passed(s, d).astype(np.float32)) > 0.5  # rank-major, as cond[:len(ok)] is
         metrics[f"eval/pass_at_{k}"] = pass_at_k(cond[:len(ok)], ok, k)
         metrics["eval/pass_at_1_stochastic"] = float(ok.mean())

@@ -153,7 +153,7 @@ def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
 
 def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
     """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
-    reference, zero the gradients. Shared by every objective. A skipped step is counted (skipped_steps) and its
+    reference and the eval EMA, zero the gradients. Shared by every objective. A skipped step is counted (skipped_steps) and its
     norm left out of grad_norm, the mean over the steps taken: one inf would otherwise make the epoch's mean inf."""
     grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
     if torch.isfinite(torch.as_tensor(grad_norm)):
@@ -162,6 +162,8 @@ def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics)
         ctx.state.global_step += 1
         if ctx.reference is not None:
             ctx.reference.step()
+        if getattr(ctx, "ema", None) is not None:  # train.ema_decay: the weights eval measures
+            ctx.ema.step()
         metrics.add("grad_norm", float(grad_norm))
     else:
         metrics.add("skipped_steps", 1.0)

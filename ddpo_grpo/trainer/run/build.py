@@ -63,6 +63,7 @@ class RunContext:
     gold: Optional[Any] = None  # RewardComputer of reward.gold (hacking.py): scored and logged, never trained on
     stop: str = ""  # why the run stops early (train.hacking_guard = "stop"), or ""
     startup: Dict[str, float] = field(default_factory=dict)  # start-up phase seconds (trainer/run/startup.py)
+    ema: Optional[Any] = None  # EMAReference: train.ema_decay > 0, the weights eval measures and the export holds
 
     COND_CACHE_SIZE = 64  # conditions kept (host memory): a real-size ReCamMaster condition is ~15 MB
 
@@ -100,6 +101,13 @@ class RunContext:
         if self.old_policy is None:
             return contextlib.nullcontext()
         return self.old_policy.swapped(self.accelerator.unwrap_model(self.unet))
+
+    def eval_policy(self):
+        """Context in which self.unet holds the weights eval measures, checkpoints export and the run's export
+        writes: the EMA of the policy (train.ema_decay > 0), else the sampling policy (sampling_policy)."""
+        if self.ema is not None:
+            return self.ema.swapped(self.accelerator.unwrap_model(self.unet))
+        return self.sampling_policy()
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -288,11 +296,16 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
         # The sampling policy, held like the KL reference: a copy of the trainable parameters, mixed once per epoch.
         old_policy = EMAReference(accelerator.unwrap_model(unet), alpha=t.nft_old_decay, update_freq=1,
                                   lora=config.use_lora or None)
-    for obj in (state, stat_tracker) + tuple(o for o in (reference, old_policy) if o is not None):
+    ema = None
+    if t.get("ema_decay", 0.0) > 0:
+        # What eval measures and the export writes: an EMA of the trainable parameters, held like the KL reference.
+        ema = EMAReference(accelerator.unwrap_model(unet), alpha=t.ema_decay, update_freq=t.get("ema_update_freq", 1),
+                           lora=config.use_lora or None, warmup=True)
+    for obj in (state, stat_tracker) + tuple(o for o in (reference, old_policy, ema) if o is not None):
         accelerator.register_for_checkpointing(obj)
     ctx = RunContext(config, accelerator, pipe, unet, optimizer, lr_scheduler, stat_tracker, reference, rewards,
                      sampler, train_data, eval_data, encode, encode([negative]), run_dir, state, supervised, old_policy,
-                     tree, gold=build_gold(config))
+                     tree, gold=build_gold(config), ema=ema)
     ready = time.perf_counter()
     ctx.startup = {"started_at": started, "ready_at": ready, "move_s": move_s, "ready_embeddings_s": encode.seconds,
                    "load_s": ready - started - move_s - encode.seconds}  # load: the rest (model, data, rewards)

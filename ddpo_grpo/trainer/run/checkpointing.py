@@ -10,7 +10,8 @@ Saved: model, optimizer, LR schedule and all RNG states (per process) by acceler
 state (epoch, step, history), the stat tracker and the EMA reference (or nft's sampling policy) registered for
 checkpointing, run_meta.json describing what the checkpoint belongs to, and with nft's soft update
 (train.nft_old_decay > 0) sampling_policy.safetensors: the sampling policy's trainable weights, the ones eval
-measures (load into the UNet with strict=False; model.safetensors holds the trained policy).
+measures (load into the UNet with strict=False; model.safetensors holds the trained policy); with an EMA of the
+policy (train.ema_decay > 0) ema_policy.safetensors, the same for the EMA.
 Each checkpoint also holds `export/`: the model eval measures, in the formats diffusers loads (models/export.py);
 the end of a run writes the same to `logs/<run>/export/`.
 """
@@ -28,6 +29,7 @@ from .lr_multipliers import parse_lr_multipliers
 
 META = "run_meta.json"
 SAMPLING_POLICY = "sampling_policy.safetensors"  # train.nft_old_decay > 0: theta_old, the weights eval measures
+EMA_POLICY = "ema_policy.safetensors"  # train.ema_decay > 0: the policy's EMA, the weights eval measures
 EXPORT = "export"  # the model in diffusers' formats, in each checkpoint and in the run folder
 
 
@@ -90,6 +92,7 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
     # nft's soft-updated sampling policy is what samples and what eval measures: also as plain weights, next to
     # model.safetensors (the trained theta). A collective under FSDP2 (whole tensors), so every process calls it.
     sampling = ctx.old_policy.state_dict()["tensors"] if getattr(ctx, "old_policy", None) is not None else None
+    ema = ctx.ema.state_dict()["tensors"] if getattr(ctx, "ema", None) is not None else None  # train.ema_decay
     write_model_export(ctx, family, os.path.join(tmp, EXPORT))  # the main process's filesystem only: not for resuming
     acc.wait_for_everyone()
     if writer:
@@ -97,6 +100,10 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
             from safetensors.torch import save_file
 
             save_file({n: t.contiguous() for n, t in sampling.items()}, os.path.join(tmp, SAMPLING_POLICY))
+        if ema is not None:
+            from safetensors.torch import save_file
+
+            save_file({n: t.contiguous() for n, t in ema.items()}, os.path.join(tmp, EMA_POLICY))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(run_meta(ctx.config, family), f)
         _fsync_tree(tmp)
@@ -124,17 +131,25 @@ def export_metadata(ctx, family: str) -> dict:
     base = c.pretrained.model
     return {"base_model": base, "base_model_path": None if base in BUILT else os.path.abspath(resolve_model_path(base)),
             "family": family, "epoch": ctx.state.epoch,
-            "weights": "sampling policy (DiffusionNFT's soft update, what eval measures)" if ctx.old_policy is not None
-            else "policy", **sampling_settings(ctx.pipe, c.sample.num_steps, c.sample.guidance_scale)}
+            "weights": export_weights(ctx), **sampling_settings(ctx.pipe, c.sample.num_steps, c.sample.guidance_scale)}
+
+
+def export_weights(ctx) -> str:
+    """export.json's "weights": which of the run's weights the export holds (ctx.eval_policy's)."""
+    if getattr(ctx, "ema", None) is not None:
+        return f"EMA of the policy (train.ema_decay={ctx.ema.alpha}, what eval measures)"
+    if ctx.old_policy is not None:
+        return "sampling policy (DiffusionNFT's soft update, what eval measures)"
+    return "policy"
 
 
 def write_model_export(ctx, family: str, out_dir: str) -> None:
-    """The model eval measures (the sampling policy) into out_dir in diffusers' formats (models/export.py). Every
+    """The model eval measures (ctx.eval_policy) into out_dir in diffusers' formats (models/export.py). Every
     process calls it (gathering a sharded model's state is a collective); the main process writes."""
     from ddpo_grpo.models.export import write_export
 
     acc = ctx.accelerator
-    with ctx.sampling_policy():  # the weights stay swapped in while they are written: the state holds references
+    with ctx.eval_policy():  # the weights stay swapped in while they are written: the state holds references
         state = acc.get_state_dict(ctx.unet)
         if acc.is_main_process:
             write_export(ctx.pipe, acc.unwrap_model(ctx.unet), state, out_dir, bool(ctx.config.use_lora),
@@ -282,6 +297,8 @@ def checkpointed_objects(ctx) -> list:
         names.append("KL reference (train.beta > 0)")
     if getattr(ctx, "old_policy", None) is not None:
         names.append("nft sampling policy (train.nft_old_decay > 0)")
+    if getattr(ctx, "ema", None) is not None:
+        names.append("EMA of the policy (train.ema_decay > 0)")
     return names
 
 
@@ -292,6 +309,7 @@ def load_checkpoint(ctx, ckpt: str) -> str:
     want = checkpointed_objects(ctx)
     if saved != len(want):
         raise ConfigError(f"checkpoint {ckpt} holds {saved} saved run objects, this config {len(want)} "
-                          f"({', '.join(want)}): resume with the train.beta and train.nft_old_decay it was made with")
+                          f"({', '.join(want)}): resume with the train.beta, train.nft_old_decay and train.ema_decay "
+                          "it was made with")
     ctx.accelerator.load_state(ckpt)
     return ckpt

@@ -108,6 +108,8 @@ def log_epoch(ctx, epoch: int, samples, rewards, adv, checks: Dict[str, float], 
             entry[k] = v
     if "eval/reward_mean" in eval_metrics:
         entry["eval_reward_mean"] = eval_metrics["eval/reward_mean"]
+        if "eval_policy/reward_mean" in eval_metrics:  # eval.also_policy: the trained policy beside its EMA
+            entry["eval_policy_reward_mean"] = eval_metrics["eval_policy/reward_mean"]
         entry.update({k: v for k, v in eval_metrics.items() if k.endswith("_accuracy") or k.startswith("eval/pass_at")})
     entry.update({k: v for k, v in m.items() if k.startswith(("gold/", "hacking/"))})
     if ctx.gold is not None:  # the gold reward's cost this epoch: the training subsample and the eval, if one ran
@@ -162,6 +164,11 @@ def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
         save_grid(grid, ctx.run_dir, f"eval_epoch_{epoch:04d}.png")
         log_images(acc, "eval_samples", grid, epoch)
     acc.print(f"epoch {epoch}: eval " + " ".join(f"{k[5:]} {v:.4f}" for k, v in metrics.items() if k.startswith("eval/")))
+    if ctx.config.eval.get("also_policy", False) and getattr(ctx, "ema", None) is not None:
+        # the trained policy beside its EMA: what averaging the weights adds, on the same clips
+        raw = {f"eval_policy/{k[5:]}": v for k, v in evaluate(ctx, policy=True)[0].items() if k.startswith("eval/")}
+        acc.print(f"epoch {epoch}: eval_policy " + " ".join(f"{k[12:]} {v:.4f}" for k, v in raw.items()))
+        metrics.update(raw)
     guard = on_eval(ctx, epoch, per_sample["proxy"], per_sample["gold"], images)  # drift, gold, alarms, best by gold
     acc.print(f"epoch {epoch}: guard " + " ".join(f"{k} {v:.4f}" for k, v in guard.items()
                                                   if not k.endswith("_change")))

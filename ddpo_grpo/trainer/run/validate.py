@@ -151,6 +151,17 @@ def validate_config(config, num_processes: int) -> str:
     if t.get("nft_old_decay", 0.0) > 0 and t.objective != "nft":
         raise ConfigError(f"train.nft_old_decay={t.nft_old_decay} is DiffusionNFT's soft update of the sampling "
                           f"policy: it needs train.objective='nft' (got {t.objective!r})")
+    ema = t.get("ema_decay", 0.0)
+    if not 0 <= ema < 1:
+        raise ConfigError(f"train.ema_decay={ema} must be in [0, 1) (0 = off)")
+    if ema > 0 and t.get("nft_old_decay", 0.0) > 0:
+        raise ConfigError(f"train.ema_decay={ema} with train.nft_old_decay={t.nft_old_decay}: NFT's eval measures its "
+                          "soft-updated sampling policy, already an EMA of the policy; set one of them to 0")
+    if t.get("ema_update_freq", 1) < 1:
+        raise ConfigError(f"train.ema_update_freq={t.ema_update_freq} must be >= 1 (optimizer steps per mix)")
+    if config.eval.get("also_policy", False) and ema == 0:
+        raise ConfigError("eval.also_policy=True evaluates the trained policy beside its EMA: it needs "
+                          "train.ema_decay > 0")
     if config.eval.pass_at_k < 0:
         raise ConfigError(f"eval.pass_at_k={config.eval.pass_at_k} must be >= 0 (0 = off)")
     if config.tracker.std_mode not in STD_MODES:
