@@ -285,8 +285,8 @@ def settings_of(config, precision: str, trained_steps: int = 1) -> Settings:
     """The plan's Settings for a config: the largest training call's rows (training_call's b x S, x2 where training
     runs CFG's two halves as one batch: train.cfg and sample.guidance_scale != 1, as train_epoch and
     core.policy_step.denoiser_output do), a sampling call's rows (sample.batch_size, x2 under CFG), reference copies
-    (beta > 0, NFT's old policy, train.ema_decay's EMA), the memory switches of issue 38 (data.cache_embeddings, pretrained.offload) where
-    the config has them. The forward objectives (raft, nft) train one row per sample."""
+    (beta > 0, NFT's old policy, train.ema_decay's EMA), the memory switches of issue 38 (data.cache_embeddings,
+    pretrained.offload) where the config has them. The forward objectives (raft, nft) train one row per sample."""
     t = config.train
     grpo = t.get("objective", "grpo") == "grpo"
     guided = float(config.sample.guidance_scale) != 1.0

@@ -26,7 +26,6 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool =
     {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
     on gold). Batches of eval.batch_size. The weights are the ones eval measures (ctx.eval_policy: the EMA with
     train.ema_decay, else the sampling policy); policy=True: the trained policy itself."""
-
     from ..checks.hacking import score_gold, timed
 
     config, acc = ctx.config, ctx.accelerator
@@ -81,7 +80,8 @@ def pass_at_k(conditions: np.ndarray, ok: np.ndarray, k: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(ctx, per_sample: Optional[dict] = None, policy: bool = False) -> Tuple[Dict[str, float], torch.Tensor, list]:
+def evaluate(ctx, per_sample: Optional[dict] = None,
+             policy: bool = False) -> Tuple[Dict[str, float], torch.Tensor, list]:
     """Returns (metrics prefixed eval/, this process's deterministic images (n, C, H, W), captions). Every process
     evaluates its shard; scores are gathered so all processes return the same metrics. The weights are the ones the
     run reports and exports (ctx.eval_policy); policy=True: the trained policy itself (eval.also_policy).

@@ -153,8 +153,9 @@ def zero_loss(params: List[torch.nn.Parameter]) -> torch.Tensor:
 
 def optimizer_step(ctx, params: List[torch.nn.Parameter], metrics: EpochMetrics) -> None:
     """Clip, step (skipped when the gradient is not finite: a run never trains on NaN), schedule, mix the
-    reference and the eval EMA, zero the gradients. Shared by every objective. A skipped step is counted (skipped_steps) and its
-    norm left out of grad_norm, the mean over the steps taken: one inf would otherwise make the epoch's mean inf."""
+    reference and the eval EMA, zero the gradients. Shared by every objective. A skipped step is counted
+    (skipped_steps) and its norm left out of grad_norm, the mean over the steps taken: one inf would otherwise make
+    the epoch's mean inf."""
     grad_norm = ctx.accelerator.clip_grad_norm_(params, ctx.config.train.max_grad_norm)
     if torch.isfinite(torch.as_tensor(grad_norm)):
         ctx.optimizer.step()
