@@ -89,21 +89,19 @@ def save_checkpoint(ctx, family: str) -> Optional[str]:
         shutil.rmtree(tmp, ignore_errors=True)
     acc.wait_for_everyone()
     acc.save_state(tmp)  # honours save_on_each_node: model, optimizer and run objects from each writer
-    # nft's soft-updated sampling policy is what samples and what eval measures: also as plain weights, next to
-    # model.safetensors (the trained theta). A collective under FSDP2 (whole tensors), so every process calls it.
-    sampling = ctx.old_policy.state_dict()["tensors"] if getattr(ctx, "old_policy", None) is not None else None
-    ema = ctx.ema.state_dict()["tensors"] if getattr(ctx, "ema", None) is not None else None  # train.ema_decay
+    # The weights eval measures when they are not the trained theta (nft's soft-updated sampling policy, the policy's
+    # EMA): also as plain weights, next to model.safetensors. A collective under FSDP2 (whole tensors), so every
+    # process calls it.
+    plain = {name: held.state_dict()["tensors"] for name, held in
+             ((SAMPLING_POLICY, getattr(ctx, "old_policy", None)), (EMA_POLICY, getattr(ctx, "ema", None)))
+             if held is not None}
     write_model_export(ctx, family, os.path.join(tmp, EXPORT))  # the main process's filesystem only: not for resuming
     acc.wait_for_everyone()
     if writer:
-        if sampling is not None:
-            from safetensors.torch import save_file
+        from safetensors.torch import save_file
 
-            save_file({n: t.contiguous() for n, t in sampling.items()}, os.path.join(tmp, SAMPLING_POLICY))
-        if ema is not None:
-            from safetensors.torch import save_file
-
-            save_file({n: t.contiguous() for n, t in ema.items()}, os.path.join(tmp, EMA_POLICY))
+        for name, tensors in plain.items():
+            save_file({n: t.contiguous() for n, t in tensors.items()}, os.path.join(tmp, name))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(run_meta(ctx.config, family), f)
         _fsync_tree(tmp)
