@@ -295,6 +295,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval.seed = 1234
     config.eval.also_policy = False  # with train.ema_decay > 0: also evaluate the trained policy (eval_policy/...)
     config.eval.batch_size = 32
+    # a field of the eval items to break the deterministic reward down by: eval/by_{field}/{value} (and /n, the
+    # count) for each of its values, e.g. "preset" on room3d (ReCamMaster's ten cameras). "" = off.
+    config.eval.group_by = ""
     # pass@k with every eval: k stochastic samples (the training sampler) of each eval condition, fixed seeds; the
     # share of conditions with at least one right sample (a `*strict_accuracy` detail, else reward >= 1). 0 = off.
     config.eval.pass_at_k = 4

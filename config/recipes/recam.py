@@ -153,6 +153,7 @@ def _room3d(config):
     config.reward.kwargs = {"cam_score": {
         "pose_estimator": "ddpo_grpo.worlds.room3d.estimator:make_exact_estimator",
         "pose_estimator_kwargs": {"sigmas": [0.05, 0.02], "iters": 2}, "workers": 1}}
+    config.eval.group_by = "preset"  # held-out cam_score per camera preset (eval/by_preset/pan_left, ...)
     return config
 
 

@@ -4,7 +4,8 @@ exports: train.ema_decay's EMA, nft's soft-updated sampling policy, else the tra
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional, Tuple
+import re
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -24,13 +25,15 @@ def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
 def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool = False):
     """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
     {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
-    on gold). Batches of eval.batch_size. The weights are the ones eval measures (ctx.eval_policy: the EMA with
-    train.ema_decay, else the sampling policy); policy=True: the trained policy itself."""
+    on gold, groups: each sample's eval.group_by value (n strings; [] without it)). Batches of eval.batch_size.
+    The weights are the ones eval measures (ctx.eval_policy: the EMA with train.ema_decay, else the sampling
+    policy); policy=True: the trained policy itself."""
     from ..checks.hacking import score_gold, timed
 
     config, acc = ctx.config, ctx.accelerator
     settings = sampler_settings(config, ctx.pipe.family)
     scores, details, images, captions, gold, gold_s = [], {}, [], [], {}, 0.0
+    key, groups = config.eval.get("group_by", ""), []
     with contextlib.nullcontext() if policy else ctx.eval_policy():  # swapped in once
         for lo in range(0, len(positions), config.eval.batch_size):
             items = [ctx.eval_data[int(p)] for p in positions[lo:lo + config.eval.batch_size]]
@@ -43,6 +46,8 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool =
                                              generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,
                                              cond_channels=ctx.cond_channels(items))
             metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
+            if key:
+                groups += [group_value(it, key) for it in items]
             res = ctx.rewards(traj.images.cpu(), prompts, metadata)
             scores.append(res.final)
             for k, v in res.details.items():
@@ -55,7 +60,33 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool =
             images.append(traj.images.cpu())
             captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
     return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions,
-            {k: np.concatenate(v) for k, v in gold.items()} if gold else None, gold_s)
+            {k: np.concatenate(v) for k, v in gold.items()} if gold else None, gold_s, groups)
+
+
+def group_value(item: dict, key: str) -> str:
+    """An eval item's eval.group_by value as a metric name's part: str(item[key]) with every run of characters
+    other than letters, digits, '.', '-' and '_' made one '_' ("pan left" -> "pan_left"). A key the data's items
+    lack is a ConfigError naming the keys they have."""
+    from ddpo_grpo.errors import ConfigError
+
+    if key not in item:
+        raise ConfigError(f"eval.group_by={key!r}: the eval items have no such field; they have "
+                          f"{', '.join(sorted(k for k in item if not k.endswith(('_video', '_image'))))}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(item[key])).strip("_") or "_"
+
+
+def group_means(key: str, groups: Sequence[str], scores: np.ndarray) -> Dict[str, float]:
+    """eval.group_by's metrics: for every value v of the samples' `groups` (n,), eval/by_{key}/{v} = the mean of
+    their `scores` (n,) (NaN scores left out) and eval/by_{key}/{v}/n = how many samples it averages."""
+    groups = np.asarray(list(groups), dtype=object)
+    if len(groups) != len(scores):
+        raise ValueError(f"group_means: {len(groups)} group values for {len(scores)} scores")
+    out = {}
+    for v in sorted(set(groups.tolist())):
+        s = scores[groups == v]
+        out[f"eval/by_{key}/{v}"] = float(np.nanmean(s)) if np.isfinite(s).any() else float("nan")
+        out[f"eval/by_{key}/{v}/n"] = float(len(s))
+    return out
 
 
 def _shard(n: int, acc) -> slice:
@@ -91,6 +122,9 @@ def evaluate(ctx, per_sample: Optional[dict] = None,
     (share of conditions with a right sample) and eval/pass_at_1_stochastic (share of right samples), the head-room
     that RL should turn into deterministic accuracy.
 
+    With eval.group_by = a field of the eval items (room3d: "preset"), also eval/by_{field}/{value}: the
+    deterministic reward's mean over the samples of each value, and /n their count (group_means).
+
     per_sample, a dict, is filled with the deterministic eval's per-sample values over every process (rank-major):
     "proxy" (the trained reward) and "gold" ({"avg"/name: (n,)}, or None without reward.gold), for the guard."""
     config, acc = ctx.config, ctx.accelerator
@@ -98,10 +132,14 @@ def evaluate(ctx, per_sample: Optional[dict] = None,
     gather = lambda a: acc.gather(torch.as_tensor(a, device=acc.device)).cpu().numpy()  # noqa: E731
     pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
     mine = _shard(len(pos), acc)
-    scores, details, images, captions, gold, gold_s = _sample_and_score(
+    scores, details, images, captions, gold, gold_s, groups = _sample_and_score(
         ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine], deterministic=True, policy=policy)
     all_scores = gather(scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}
+    if config.eval.get("group_by", ""):  # the reward per kind of condition (room3d: per camera preset)
+        from accelerate.utils import gather_object
+
+        metrics.update(group_means(config.eval.group_by, gather_object(groups), all_scores))  # rank-major, as scores
     if per_sample is not None:
         per_sample["proxy"] = all_scores
         per_sample["gold"] = None if gold is None else {k: gather(v.astype(np.float32)) for k, v in gold.items()}
@@ -113,7 +151,7 @@ def evaluate(ctx, per_sample: Optional[dict] = None,
     if k > 0:
         cond = np.repeat(np.unique(pos), k)  # the conditions the deterministic eval covers
         mine = _shard(len(cond), acc)
-        s, d, _, _, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
+        s, d, _, _, _, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
                                        deterministic=False, policy=policy)
         ok = gather(passed(s, d).astype(np.float32)) > 0.5  # rank-major, as cond[:len(ok)] is
         metrics[f"eval/pass_at_{k}"] = pass_at_k(cond[:len(ok)], ok, k)

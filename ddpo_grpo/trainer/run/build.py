@@ -271,6 +271,10 @@ def build_context(config, accelerator, run_dir: str) -> RunContext:
     rewards = RewardComputer(dict(config.reward.fns), fn_kwargs={k: dict(v) for k, v in config.reward.kwargs.items()},
                              executor=executor)
     train_data, eval_data = build_dataset(config, "train"), build_dataset(config, "eval")
+    if config.eval.get("group_by", ""):  # a field the eval items lack: one line now, not at the first eval
+        from ..epoch.evaluation import group_value
+
+        group_value(eval_data[0], config.eval.group_by)
     check_window(config, pipe.family, pipe.scheduler)  # the loaded scheduler decides (a built model's first here)
     tree = branch_spec(config, pipe.family, pipe.scheduler)
     if accelerator.is_main_process:
