@@ -99,6 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     # two-object conditions, half the sampling mass each), "single" or "pair" (only those).
     config.data.objects = "mixed"
     # room3d: the training paths' kinds, comma-separated ("pan,tilt"); "" = all five (pan, tilt, dolly, translate, arc).
+    # Each condition draws one of the names uniformly, so a kind named twice is drawn twice as often.
     # The held-out conditions are ReCamMaster's ten presets either way.
     config.data.kinds = ""
     # > 0: train on a fixed seeded subset of this many conditions (DDPO-style small prompt set, so each one
