@@ -24,9 +24,9 @@ correlation with the starting noise's `noise_mode`: does the noise pick the came
 pose's turn and translation x A) and scored against the path requested: does a larger request give the right motion,
 i.e. is the start's error a gain its camera layers could scale away?
 
---group-spread K: instead, K samples of each held-out pan and tilt condition drawn as the recipe draws a group (the flow
-SDE on steps 0-3) and how a group spreads between the request and its opposite (`group_spread`): what the recipe's
-group advantages can rank. With --checkpoint a GRPO run's export/recammaster.ckpt.
+--group-spread K: instead, K samples of each held-out pan and tilt condition (--spread-kinds dolly: each zoom) drawn
+as the recipe draws a group (the flow SDE on steps 0-3) and how a group spreads between the request and its opposite
+(`group_spread`): what the recipe's group advantages can rank. With --checkpoint a GRPO run's export/recammaster.ckpt.
 
 --bench-estimator N: the estimator on N ground-truth target renders of the eval split (no model), per option set:
 wall and CPU seconds per 3-frame clip (CPU: the machine is shared), mean score against the true numbers and against the opposite numbers.
@@ -52,7 +52,7 @@ from ddpo_grpo.worlds.recam.pose_score import PoseScore  # noqa: E402
 from ddpo_grpo.worlds.room3d.data import Room3DConditions  # noqa: E402
 from ddpo_grpo.worlds.room3d.estimator import make_exact_estimator  # noqa: E402
 from benchmarks.pretrain_pools import noise_mode  # noqa: E402
-from ddpo_grpo.worlds.room3d.paths import motion_kind, scale_cameras  # noqa: E402
+from ddpo_grpo.worlds.room3d.paths import motion_kind, parse_kinds, scale_cameras  # noqa: E402
 from ddpo_grpo.worlds.room3d.reward import opposite_cameras  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, STEPS = 9, 32, 48, 10
@@ -196,15 +196,16 @@ def save_grid(clips, items, path: str, scale: int = 2) -> None:
     print(f"saved {path}: rows {[it['preset'] for it in items]}", flush=True)
 
 
-def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int) -> dict:
-    """Per motion kind (pans, tilts), over its conditions' groups of k SDE samples (true, opp: (k, n_cond) scores
-    against the requested camera and its opposite): the group's mean lean (true - opposite), its spread (std over the
-    k), the share of samples leaning to the requested camera, the spread of the reward itself (true's std): what the
-    recipe's group advantages have to rank, and the within-group correlation of the scores against the requested camera
-    and against its opposite (mean over groups): negative when a group's reward differences are the direction (closer
-    to one is farther from the other), positive when they are what both share (a clip read well or not)."""
+def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int, kinds=("pan", "tilt")) -> dict:
+    """Per motion kind (`kinds`: pans and tilts unless told; "dolly" for the zooms), over its conditions' groups of k
+    SDE samples (true, opp: (k, n_cond) scores against the requested camera and its opposite): the group's mean lean
+    (true - opposite), its spread (std over the k), the share of samples leaning to the requested camera, the spread
+    of the reward itself (true's std): what the recipe's group advantages have to rank, and the within-group
+    correlation of the scores against the requested camera and against its opposite (mean over groups): negative
+    when a group's reward differences are the direction (closer to one is farther from the other), positive when
+    they are what both share (a clip read well or not)."""
     out = {}
-    for kind in ("pan", "tilt"):
+    for kind in kinds:
         m = np.array([motion_kind(p) == kind for p in presets])
         if not m.any():
             continue
@@ -270,16 +271,16 @@ def rotation_leans(true: np.ndarray, opp: np.ndarray, modes: np.ndarray, presets
 
 
 def run_group_spread(args, folder: str, ckpt: str, opts: dict, t0: float) -> None:
-    """--group-spread K: K samples of each held-out pan and tilt condition drawn as the recipe draws a group (sample's
-    SDE window of 4), scored against the request and its opposite, summarised by group_spread; printed and saved to
-    --out."""
-    k = args.group_spread
-    clips, items, _, _ = sample(folder, ckpt, range(k), args.batch, args.limit, kinds=("pan", "tilt"), sde_window=4)
+    """--group-spread K: K samples of each held-out condition of --spread-kinds (pan and tilt unless told) drawn as the
+    recipe draws a group (sample's SDE window of 4), scored against the request and its opposite, summarised by
+    group_spread; printed and saved to --out."""
+    k, kinds = args.group_spread, parse_kinds(args.spread_kinds, "--spread-kinds")
+    clips, items, _, _ = sample(folder, ckpt, range(k), args.batch, args.limit, kinds=kinds, sde_window=4)
     r = np.array(score_clips(clips, items, opts, args.workers))
     n = len(items) // k
     res = dict(model=args.model, checkpoint=ckpt, k=k, seconds=round(time.time() - t0, 1),
                group_spread=group_spread(r[:, 0].reshape(k, n), r[:, 1].reshape(k, n),
-                                         [it["preset"] for it in items[:n]], k))
+                                         [it["preset"] for it in items[:n]], k, kinds))
     print(json.dumps(res, indent=1), flush=True)
     if args.out:
         with open(args.out, "w") as f:
@@ -303,6 +304,7 @@ def main() -> None:
     ap.add_argument("--rooms", choices=["heldout", "pretrain"], default="heldout",
                     help="pretrain: the presets in the start model's own pretraining rooms (PretrainRooms)")
     ap.add_argument("--grid", default="", help="a PNG of the first ten samples against their targets (save_grid)")
+    ap.add_argument("--spread-kinds", default="pan,tilt", help="--group-spread: the kinds read (room3d.paths names)")
     ap.add_argument("--group-spread", type=int, default=0, metavar="K",
                     help="instead: K samples per pan and tilt condition drawn as the recipe draws a group (the flow "
                          "SDE on steps 0-3), and how far they spread towards the requested camera (group_spread)")

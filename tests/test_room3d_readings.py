@@ -207,6 +207,10 @@ def test_group_spread_by_hand():
     assert got["tilt"]["lean_mean"] == pytest.approx(0.3) and got["tilt"]["requested_share"] == 1.0
     assert got["pan"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.3, 0.1, 0.2], [0.1, 0.3, 0.2])[0, 1])
     assert got["tilt"]["true_opposite_corr"] == pytest.approx(np.corrcoef([0.5, 0.4, 0.6], [0.2, 0.1, 0.3])[0, 1])
+    zoom = group_spread(true, opp, ["pan left", "tilt up", "zoom in"], 3, kinds=("dolly",))["dolly"]
+    assert sorted(group_spread(true, opp, ["pan left", "tilt up", "zoom in"], 3, kinds=("dolly",))) == ["dolly"]
+    assert zoom["lean_mean"] == pytest.approx(1 / 3) and zoom["requested_share"] == pytest.approx(2 / 3)
+    assert zoom["reward_spread"] == pytest.approx(np.std([0.0, 0.9, 0.1], ddof=1))
 
 
 def test_es_per_sample_linear_is_the_layer_with_each_samples_own_weight():
