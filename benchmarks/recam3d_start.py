@@ -306,7 +306,7 @@ def main() -> None:
     ap.add_argument("--grid", default="", help="a PNG of the first ten samples against their targets (save_grid)")
     ap.add_argument("--spread-kinds", default="pan,tilt", help="--group-spread: the kinds read (room3d.paths names)")
     ap.add_argument("--group-spread", type=int, default=0, metavar="K",
-                    help="instead: K samples per pan and tilt condition drawn as the recipe draws a group (the flow "
+                    help="instead: K samples per condition of --spread-kinds drawn as the recipe draws a group (the flow "
                          "SDE on steps 0-3), and how far they spread towards the requested camera (group_spread)")
     ap.add_argument("--amplitude", type=float, default=1.0,
                     help="ask the model for the requested path at this amplitude (scored against the request)")

@@ -25,7 +25,7 @@ def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
 def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool = False):
     """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
     {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
-    on gold, groups: each sample's eval.group_by value (n strings; [] without it)). Batches of eval.batch_size.
+    on gold, groups: each sample's eval.group_by value (n strings; [] without it or when stochastic)). Batches of eval.batch_size.
     The weights are the ones eval measures (ctx.eval_policy: the EMA with train.ema_decay, else the sampling
     policy); policy=True: the trained policy itself."""
     from ..checks.hacking import score_gold, timed
@@ -46,7 +46,7 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool =
                                              generator=gens, vae=ctx.pipe.vae, deterministic=deterministic,
                                              cond_channels=ctx.cond_channels(items))
             metadata = [{k: v for k, v in it.items() if k != "cond_image"} for it in items]
-            if key:
+            if key and deterministic:  # only the deterministic eval is broken down (evaluate)
                 groups += [group_value(it, key) for it in items]
             res = ctx.rewards(traj.images.cpu(), prompts, metadata)
             scores.append(res.final)

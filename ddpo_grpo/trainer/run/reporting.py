@@ -152,6 +152,12 @@ def dump_debug(ctx, epoch: int, samples, rewards, adv) -> None:
         json.dump(record, f)
 
 
+def _print_eval(acc, epoch: int, name: str, metrics: Dict[str, float]) -> None:
+    """One console line of the metrics under `name`/ (eval.group_by's /n counts are left to the trackers)."""
+    acc.print(f"epoch {epoch}: {name} " + " ".join(f"{k[len(name) + 1:]} {v:.4f}" for k, v in metrics.items()
+                                                    if k.startswith(name + "/") and not k.endswith("/n")))
+
+
 def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
     from ..checks.hacking import on_eval
 
@@ -163,16 +169,14 @@ def evaluate_and_log(ctx, epoch: int) -> Dict[str, float]:
         grid = labelled_grid(images[:n], captions[:n])
         save_grid(grid, ctx.run_dir, f"eval_epoch_{epoch:04d}.png")
         log_images(acc, "eval_samples", grid, epoch)
-    acc.print(f"epoch {epoch}: eval " + " ".join(f"{k[5:]} {v:.4f}" for k, v in metrics.items()
-                                                 if k.startswith("eval/") and not k.endswith("/n")))
+    _print_eval(acc, epoch, "eval", metrics)
     if ctx.config.eval.get("also_policy", False) and getattr(ctx, "ema", None) is not None:
         # the trained policy beside its EMA: what averaging the weights adds, on the same clips. Before the first
         # optimizer step the two hold the same weights: the EMA's numbers are the policy's.
         same = ctx.ema.num_steps == 0
         raw = {f"eval_policy/{k[5:]}": v for k, v in (metrics if same else evaluate(ctx, policy=True)[0]).items()
                if k.startswith("eval/")}
-        acc.print(f"epoch {epoch}: eval_policy " + " ".join(f"{k[12:]} {v:.4f}" for k, v in raw.items()
-                                                            if not k.endswith("/n")))
+        _print_eval(acc, epoch, "eval_policy", raw)
         metrics.update(raw)
     guard = on_eval(ctx, epoch, per_sample["proxy"], per_sample["gold"], images)  # drift, gold, alarms, best by gold
     acc.print(f"epoch {epoch}: guard " + " ".join(f"{k} {v:.4f}" for k, v in guard.items()
