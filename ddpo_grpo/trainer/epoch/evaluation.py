@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -21,11 +22,22 @@ def eval_positions(n_data: int, num_samples: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(n_data) for _ in range(reps)])[:num_samples]
 
 
+@dataclass
+class EvalSamples:
+    """What one eval pass over n conditions gives this process (_sample_and_score)."""
+    scores: np.ndarray  # (n,) the trained reward
+    details: Dict[str, np.ndarray]  # {name: (n,)} the reward's details
+    images: torch.Tensor  # (n, C, H, W) or (n, C, F, H, W) for video
+    captions: List[str]
+    gold: Optional[Dict[str, np.ndarray]] = None  # {"avg"/name: (n,)}, None without reward.gold
+    gold_seconds: float = 0.0
+    groups: List[str] = field(default_factory=list)  # each sample's eval.group_by value; [] without it / stochastic
+
+
 @torch.no_grad()
-def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool = False):
-    """Sample eval conditions at `positions` with one seeded generator each; returns (scores (n,), details
-    {name: (n,)}, images (n, C, H, W), captions, gold {"avg"/name: (n,)} or None without reward.gold, seconds spent
-    on gold, groups: each sample's eval.group_by value (n strings; [] without it or when stochastic)). Batches of eval.batch_size.
+def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool = False) -> EvalSamples:
+    """Sample eval conditions at `positions` with one seeded generator each and score them (EvalSamples; gold
+    and the eval.group_by values only for the deterministic pass). Batches of eval.batch_size.
     The weights are the ones eval measures (ctx.eval_policy: the EMA with train.ema_decay, else the sampling
     policy); policy=True: the trained policy itself."""
     from ..checks.hacking import score_gold, timed
@@ -59,8 +71,8 @@ def _sample_and_score(ctx, positions, seeds, deterministic: bool, policy: bool =
                     gold.setdefault(k, []).append(v)
             images.append(traj.images.cpu())
             captions += [f"#{it['index']} {p} | r={r:.2f}" for it, p, r in zip(items, prompts, res.final)]
-    return (np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images), captions,
-            {k: np.concatenate(v) for k, v in gold.items()} if gold else None, gold_s, groups)
+    return EvalSamples(np.concatenate(scores), {k: np.concatenate(v) for k, v in details.items()}, torch.cat(images),
+                       captions, {k: np.concatenate(v) for k, v in gold.items()} if gold else None, gold_s, groups)
 
 
 def group_value(item: dict, key: str) -> str:
@@ -132,28 +144,28 @@ def evaluate(ctx, per_sample: Optional[dict] = None,
     gather = lambda a: acc.gather(torch.as_tensor(a, device=acc.device)).cpu().numpy()  # noqa: E731
     pos = eval_positions(len(ctx.eval_data), config.eval.num_samples, config.eval.seed)
     mine = _shard(len(pos), acc)
-    scores, details, images, captions, gold, gold_s, groups = _sample_and_score(
-        ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine], deterministic=True, policy=policy)
-    all_scores = gather(scores)
+    ev = _sample_and_score(ctx, pos[mine], config.eval.seed * 100003 + np.arange(len(pos))[mine],
+                           deterministic=True, policy=policy)
+    all_scores = gather(ev.scores)
     metrics = {"eval/reward_mean": float(np.nanmean(all_scores)), "eval/num_samples": float(len(all_scores))}
     if config.eval.get("group_by", ""):  # the reward per kind of condition (room3d: per camera preset)
         from accelerate.utils import gather_object
 
-        metrics.update(group_means(config.eval.group_by, gather_object(groups), all_scores))  # rank-major, as scores
+        metrics.update(group_means(config.eval.group_by, gather_object(ev.groups), all_scores))  # rank-major, as scores
     if per_sample is not None:
         per_sample["proxy"] = all_scores
-        per_sample["gold"] = None if gold is None else {k: gather(v.astype(np.float32)) for k, v in gold.items()}
-    if gold is not None:
-        metrics["time/gold_eval"] = gold_s
-    for k, v in details.items():
+        per_sample["gold"] = None if ev.gold is None else {k: gather(v.astype(np.float32)) for k, v in ev.gold.items()}
+    if ev.gold is not None:
+        metrics["time/gold_eval"] = ev.gold_seconds
+    for k, v in ev.details.items():
         metrics[f"eval/{k}"] = float(np.nanmean(gather(v)))
     k = int(config.eval.pass_at_k)
     if k > 0:
         cond = np.repeat(np.unique(pos), k)  # the conditions the deterministic eval covers
         mine = _shard(len(cond), acc)
-        s, d, _, _, _, _, _ = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
-                                       deterministic=False, policy=policy)
-        ok = gather(passed(s, d).astype(np.float32)) > 0.5  # rank-major, as cond[:len(ok)] is
+        st = _sample_and_score(ctx, cond[mine], config.eval.seed * 100003 + 10**9 + np.arange(len(cond))[mine],
+                               deterministic=False, policy=policy)
+        ok = gather(passed(st.scores, st.details).astype(np.float32)) > 0.5  # rank-major, as cond[:len(ok)] is
         metrics[f"eval/pass_at_{k}"] = pass_at_k(cond[:len(ok)], ok, k)
         metrics["eval/pass_at_1_stochastic"] = float(ok.mean())
-    return metrics, images, captions
+    return metrics, ev.images, ev.captions
