@@ -191,6 +191,10 @@ def main() -> None:
                          "camera renders 1 / gain of its motion, and commits to it (no blend of two cameras)")
     ap.add_argument("--kinds", default="", help="room3d: train on the pool's clips of these kinds only (comma-separated "
                     "of pan, tilt, dolly, translate, arc; default all): e.g. a parent specialised on the rotations")
+    ap.add_argument("--mislabel-kinds", default="",
+                    help="room3d --mislabel opposite --mislabel-by noise: only draws of these kinds (comma-separated, "
+                         "as --kinds) carry the opposite camera; the others keep their true labels (and, with "
+                         "--noise-offset, still the offset): a known error in those kinds only")
     ap.add_argument("--snapshot-every", type=int, default=1000, help="DiT steps between snapshots")
     ap.add_argument("--snapshots", default=None, help="snapshot folder (default <out>_snapshots)")
     ap.add_argument("--device", default="cpu",
@@ -200,35 +204,27 @@ def main() -> None:
                     help="> 0: stage 2 also ends after this many seconds of it, its cosine schedule following "
                          "whichever of steps and seconds runs out first (a device command's time limit)")
     args = ap.parse_args()
-    if args.world == "recam" and args.mislabel != "none":
-        from ddpo_grpo.errors import ConfigError
+    from ddpo_grpo.errors import ConfigError
 
+    if args.world == "recam" and args.mislabel != "none":
         raise ConfigError("--mislabel is a room3d option (--world room3d)")
     if args.kinds and args.world != "room3d":
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError("--kinds is a room3d option (--world room3d)")
     kinds = room3d_paths.parse_kinds(args.kinds, "--kinds")
+    mislabel_kinds = room3d_paths.parse_kinds(args.mislabel_kinds, "--mislabel-kinds")
+    if mislabel_kinds and (args.mislabel != "opposite" or args.mislabel_by == "item"):
+        raise ConfigError("--mislabel-kinds: give --mislabel opposite --mislabel-by noise (the kinds whose draws the "
+                          "noise flips)")
     if args.noise_offset and (args.world != "room3d" or args.mislabel_by == "item"):
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError(f"--noise-offset {args.noise_offset}: a room3d diagnostic with --mislabel-by noise or "
                           "noise-first (the reading of the noise it ties the offset to)")
     if args.mislabel_by != "item" and args.mislabel != "opposite" and not args.noise_offset:
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError("--mislabel-by noise ties the OPPOSITE camera to the noise: give --mislabel opposite")
     if args.label_gain != 1.0 and (args.world != "room3d" or args.mislabel != "none" or not args.label_gain > 0):
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError(f"--label-gain {args.label_gain}: a room3d option (--world room3d), > 0, with --mislabel none")
     if not 0.0 <= args.mislabel_fraction <= 1.0:
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError(f"--mislabel-fraction must be in [0, 1], got {args.mislabel_fraction}")
     if not args.train_shift > 0:
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError(f"--train-shift must be > 0, got {args.train_shift}")
     if args.world == "room3d":
         room3d_paths.check_num_frames(args.frames)
@@ -239,8 +235,6 @@ def main() -> None:
         ap.error(f"--device {args.device}: this torch sees no CUDA device")  # one line, exit 2, before any work
     t0 = time.time()
     if args.vae_from and args.vae_init:
-        from ddpo_grpo.errors import ConfigError
-
         raise ConfigError("--vae-from uses a VAE as it is, --vae-init trains on from one: give one of them")
     vae_from = None
     if args.vae_from or args.vae_init:
@@ -266,6 +260,12 @@ def main() -> None:
             opp_cams, opp_prompts = opp_cams[idx], [opp_prompts[i] for i in idx.tolist()]
     if args.label_gain != 1.0:  # every label at gain x its motion; the clips and prompts as rendered
         cams = torch.from_numpy(np.stack([room3d_paths.scale_cameras(c, args.label_gain) for c in cams.numpy()]))
+    flippable = None  # --mislabel-kinds: (N,) bool, the pool items whose draws may carry the opposite camera
+    if mislabel_kinds:
+        flippable = torch.zeros(len(prompts), dtype=torch.bool)
+        flippable[kind_index(prompts, mislabel_kinds, "--mislabel-kinds")] = True
+        print(f"--mislabel-kinds {','.join(mislabel_kinds)}: {int(flippable.sum())} of {len(prompts)} clips' draws "
+              "may carry the opposite camera", flush=True)
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 
@@ -330,6 +330,7 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200) * 0.5 * (
         1 + np.cos(np.pi * progress(s))))
     flipped_draws = 0  # --mislabel-by noise: the draws that carried the opposite camera / the offset (pretrain_meta.json)
+    camera_flipped_draws = 0  # of those, the draws that carried the opposite camera (fewer with --mislabel-kinds)
     reads = {}  # --noise-offset: step -> {sigma: read} (pretrain_meta.json)
     probe = None
     if args.noise_offset:
@@ -361,6 +362,9 @@ def main() -> None:
         if args.noise_offset:
             x0 = apply_offset(x0, flip, args.noise_offset)
         if by_noise:
+            if flippable is not None:  # the offset stays on every flipped draw; the camera only on these kinds'
+                flip = flip & flippable[idx].to(flip.device)
+            camera_flipped_draws += int(flip.sum())
             c = torch.where(flip[:, None, None], opp_cams[on], c)
             e = torch.stack([emb[(opp_prompts if f else prompts)[i]] for i, f in zip(idx.tolist(), flip.tolist())])
         else:
@@ -380,7 +384,8 @@ def main() -> None:
                 args.dit_steps = step  # (a --dit-seconds end: the final save is the folder, not a snapshot)
             save(args, parts, transformer, dict(vae_steps=args.vae_steps, dit_steps=step,
                                                 seconds=round(time.time() - t0), vae_mean_abs_error=rec_err,
-                                                opposite_draws=flipped_draws, draws=step * args.batch,
+                                                opposite_draws=flipped_draws, opposite_camera_draws=camera_flipped_draws,
+                                                mislabel_kinds=list(mislabel_kinds), draws=step * args.batch,
                                                 noise_reads=reads), step)
         if last:
             break

@@ -114,8 +114,10 @@ def motion_shown(est: np.ndarray, req: np.ndarray) -> tuple:
 
 
 def _score_job(args):
-    """(true score, opposite score, wall seconds, CPU seconds, translation shown, rotation shown (motion_shown)) of one
-    clip (F, 3, H, W): estimated once, scored twice."""
+    """(true score, opposite score, wall seconds, CPU seconds, translation shown, rotation shown (motion_shown), and
+    the requested score's terms over its frames: mean rotation error (deg), mean direction error (deg), mean
+    normalised-magnitude error (PoseScore.frames; NaN where the path has no such term)) of one clip (F, 3, H, W):
+    estimated once, scored twice."""
     clip, K, seed, cams, opp, opts = args
     est_fn = make_exact_estimator(**opts)
     t, c = time.time(), time.process_time()
@@ -124,7 +126,11 @@ def _score_job(args):
     est = est_fn(frames, K, metadata={"scene_seed": seed})
     dt, dc = time.time() - t, time.process_time() - c
     score, req = PoseScore(), requested_path(cams, 0, FRAMES)
-    return (score.clip(est, req), score.clip(est, requested_path(opp, 0, FRAMES)), dt, dc, *motion_shown(est, req))
+    terms = score.frames(est, req)
+    term_means = [float(np.nanmean(terms[k])) if np.isfinite(terms[k]).any() else float("nan")
+                  for k in ("rot_deg", "dir_deg", "mag")]
+    return (float(terms["score"].mean()), score.clip(est, requested_path(opp, 0, FRAMES)), dt, dc,
+            *motion_shown(est, req), *term_means)
 
 
 def nanmedian(x) -> float:
@@ -220,6 +226,39 @@ def group_spread(true: np.ndarray, opp: np.ndarray, presets, k: int, kinds=("pan
     return out
 
 
+def magnitude_reading(true: np.ndarray, shown: np.ndarray, terms: np.ndarray, presets, kinds=("dolly",)) -> dict:
+    """Per motion kind, over its conditions' groups of k SDE samples: does a group's reward follow how much of the
+    requested translation its clips show? true, shown: (k, n_cond) the reward and motion_shown's translation share;
+    terms: (k, n_cond, 3) the reward's mean rotation / direction / magnitude errors. Returns the median share shown,
+    its spread within a group (std, mean over groups), the pooled within-group slope of the reward in the share shown
+    (sum of centred products / sum of centred squares over every group: what a group's ranking sees of it) and the
+    pooled within-group correlation, and the mean of each error term. Samples whose share is NaN (failed estimates, a
+    path with no translation) are left out of their group; a group needs two to count."""
+    out = {}
+    for kind in kinds:
+        m = np.array([motion_kind(p) == kind for p in presets])
+        if not m.any():
+            continue
+        t, sh = true[:, m], shown[:, m]
+        sxy = sxx = syy = 0.0
+        spreads = []
+        for j in range(t.shape[1]):
+            ok = np.isfinite(sh[:, j])
+            if ok.sum() < 2:
+                continue
+            x, y = sh[ok, j] - sh[ok, j].mean(), t[ok, j] - t[ok, j].mean()
+            sxy, sxx, syy = sxy + (x * y).sum(), sxx + (x * x).sum(), syy + (y * y).sum()
+            spreads.append(float(sh[ok, j].std(ddof=1)))
+        tm = terms[:, m].reshape(-1, 3)
+        mean_term = [float(np.nanmean(tm[:, i])) if np.isfinite(tm[:, i]).any() else float("nan") for i in range(3)]
+        out[kind] = dict(conditions=int(m.sum()), groups_read=len(spreads), shown_median=nanmedian(sh),
+                         shown_spread=float(np.mean(spreads)) if spreads else float("nan"),
+                         reward_shown_slope=float(sxy / sxx) if sxx > 0 else float("nan"),
+                         reward_shown_corr=float(sxy / np.sqrt(sxx * syy)) if sxx > 0 and syy > 0 else float("nan"),
+                         rot_err_deg=mean_term[0], dir_err_deg=mean_term[1], mag_err=mean_term[2])
+    return out
+
+
 def amplified_cameras(cameras, amplitude: float) -> torch.Tensor:
     """Camera numbers (F', 12) -> the same path at `amplitude` times its motion (F', 12) float32 (`paths.scale_cameras`;
     checked as the request is, `requested_path`)."""
@@ -280,7 +319,9 @@ def run_group_spread(args, folder: str, ckpt: str, opts: dict, t0: float) -> Non
     n = len(items) // k
     res = dict(model=args.model, checkpoint=ckpt, k=k, seconds=round(time.time() - t0, 1),
                group_spread=group_spread(r[:, 0].reshape(k, n), r[:, 1].reshape(k, n),
-                                         [it["preset"] for it in items[:n]], k, kinds))
+                                         [it["preset"] for it in items[:n]], k, kinds),
+               magnitude=magnitude_reading(r[:, 0].reshape(k, n), r[:, 4].reshape(k, n), r[:, 6:9].reshape(k, n, 3),
+                                           [it["preset"] for it in items[:n]], kinds))
     print(json.dumps(res, indent=1), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -272,7 +272,11 @@ def test_pretraining_refuses_a_cuda_device_it_does_not_have():
                                        (["--world", "room3d", "--mislabel", "opposite", "--label-gain", "2"],
                                         "with --mislabel none"),
                                        (["--world", "room3d", "--noise-offset", "1"], "--mislabel-by noise or"),
-                                       (["--noise-offset", "1", "--mislabel-by", "noise"], "a room3d diagnostic")])
+                                       (["--noise-offset", "1", "--mislabel-by", "noise"], "a room3d diagnostic"),
+                                       (["--world", "room3d", "--mislabel", "opposite", "--mislabel-kinds", "pan"],
+                                        "--mislabel-kinds: give --mislabel opposite --mislabel-by noise"),
+                                       (["--world", "room3d", "--mislabel", "opposite", "--mislabel-by", "noise",
+                                         "--mislabel-kinds", "pan,spin"], "--mislabel-kinds must name some of")])
 def test_pretraining_bad_options_are_one_line_exit_2(args, says):
     """A bad --kinds (unknown kind; on the 2-D world), mislabel fraction, label gain (the 2-D world, not > 0, beside
     --mislabel opposite) or noise offset (no noise reading to tie it to; the 2-D world): one line on stderr, exit 2,
@@ -337,6 +341,26 @@ def test_pretraining_mislabelled_by_noise_trains_on_the_coupled_labels(tmp_path,
         assert set(reads) == {"0.95", "0.8"} and all(np.isfinite(v) for v in reads.values())
     else:
         assert meta["noise_reads"] == {}
+
+
+@pytest.mark.parametrize("kinds, mislabel_kinds, camera", [("", "pan,tilt,dolly,translate,arc", 8), ("arc", "dolly", 0)])
+def test_pretraining_mislabel_kinds_flips_the_camera_of_those_kinds_only(tmp_path, kinds, mislabel_kinds, camera):
+    """--mislabel-kinds: at fraction 1 every draw's noise reads above the threshold, so every draw carries the offset
+    (opposite_draws 8 of 8); the opposite camera only where the draw's clip is of the named kinds: all of them when all
+    five are named, none when the pool (--kinds arc: the 6-clip pool's two arcs) has no clip of those kinds."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recam_video.py", "--world", "room3d", "--supersample",
+                           "1", "--mislabel", "opposite", "--mislabel-by", "noise", "--mislabel-fraction", "1",
+                           "--mislabel-kinds", mislabel_kinds, *(["--kinds", kinds] if kinds else []),
+                           "--pool", "6", "--vae-from", "assets/tiny-recam3d", "--dit-init", "tiny-recam3d",
+                           "--dit-heads", "8", "--dit-ffn", "256", "--dit-steps", "2", "--batch", "4", "--noise-offset",
+                           "1", "--out", str(tmp_path / "m")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((tmp_path / "m" / "pretrain_meta.json").read_text())
+    assert (meta["draws"], meta["opposite_draws"], meta["opposite_camera_draws"]) == (8, 8, camera)
+    assert meta["mislabel_kinds"] == mislabel_kinds.split(",")
 
 
 def test_pretraining_s_cam_lr_mult_gives_exactly_the_camera_layers_their_multiple_of_the_lr():

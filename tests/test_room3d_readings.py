@@ -213,6 +213,40 @@ def test_group_spread_by_hand():
     assert zoom["reward_spread"] == pytest.approx(np.std([0.0, 0.9, 0.1], ddof=1))
 
 
+def test_magnitude_reading_by_hand():
+    """recam3d_start.magnitude_reading: per kind, the pooled within-group slope and correlation of the reward in the
+    translation share shown (float64 by hand), the share's median and within-group spread, the error terms' means; a
+    NaN share leaves its sample out of its group, a group of one is not read, other kinds are left out."""
+    from benchmarks.recam3d_start import magnitude_reading
+
+    true = np.array([[0.2, 0.5, 0.1], [0.4, 0.3, 0.9], [0.3, 0.1, 0.5]])  # (k 3, conditions 3)
+    shown = np.array([[0.4, 0.9, 0.5], [0.8, np.nan, 0.7], [0.6, 0.5, np.nan]])
+    terms = np.arange(27, dtype=np.float64).reshape(3, 3, 3)
+    terms[0, 0, 1] = np.nan
+    got = magnitude_reading(true, shown, terms, ["zoom in", "zoom out", "pan left"])
+    assert sorted(got) == ["dolly"]
+    d = got["dolly"]
+    # group 0: x (0.4, 0.8, 0.6), y (0.2, 0.4, 0.3); group 1: x (0.9, 0.5), y (0.5, 0.1)
+    x0, y0 = np.array([-0.2, 0.2, 0.0]), np.array([-0.1, 0.1, 0.0])
+    x1, y1 = np.array([0.2, -0.2]), np.array([0.2, -0.2])
+    sxy, sxx, syy = (x0 * y0).sum() + (x1 * y1).sum(), (x0 ** 2).sum() + (x1 ** 2).sum(), (y0 ** 2).sum() + (y1 ** 2).sum()
+    assert d["groups_read"] == 2 and d["conditions"] == 2
+    assert d["reward_shown_slope"] == pytest.approx(sxy / sxx)
+    assert d["reward_shown_corr"] == pytest.approx(sxy / np.sqrt(sxx * syy))
+    assert d["shown_median"] == pytest.approx(np.median([0.4, 0.8, 0.6, 0.9, 0.5]))
+    assert d["shown_spread"] == pytest.approx((np.std([0.4, 0.8, 0.6], ddof=1) + np.std([0.9, 0.5], ddof=1)) / 2)
+    dolly_terms = terms[:, :2].reshape(-1, 3)
+    assert d["rot_err_deg"] == pytest.approx(dolly_terms[:, 0].mean())
+    assert d["dir_err_deg"] == pytest.approx(np.nanmean(dolly_terms[:, 1]))
+    assert d["mag_err"] == pytest.approx(dolly_terms[:, 2].mean())
+    pan = magnitude_reading(true, shown, terms, ["zoom in", "zoom out", "pan left"], kinds=("pan",))["pan"]
+    # its one group: x (0.5, 0.7), y (0.1, 0.9): slope 0.08 / 0.02
+    assert pan["groups_read"] == 1 and pan["reward_shown_slope"] == pytest.approx(4.0)
+    assert pan["shown_spread"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    one = magnitude_reading(true, np.where(np.isfinite(shown), np.nan, 0.5), terms, ["zoom in", "zoom out", "pan left"])
+    assert one["dolly"]["groups_read"] == 0 and np.isnan(one["dolly"]["reward_shown_slope"])
+
+
 def test_es_per_sample_linear_is_the_layer_with_each_samples_own_weight():
     """benchmarks/recam3d_es.py's PerSampleLinear: sample b reads (W + D_b) c + bias, checked against each sample's own
     nn.Linear in float64; without offsets it is the layer itself; offsets for another batch size are an error."""
