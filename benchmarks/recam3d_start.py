@@ -232,7 +232,8 @@ def magnitude_reading(true: np.ndarray, shown: np.ndarray, terms: np.ndarray, pr
     terms: (k, n_cond, 3) the reward's mean rotation / direction / magnitude errors. Returns the median share shown,
     its spread within a group (std, mean over groups), the pooled within-group slope of the reward in the share shown
     (sum of centred products / sum of centred squares over every group: what a group's ranking sees of it) and the
-    pooled within-group correlation, and the mean of each error term. Samples whose share is NaN (failed estimates, a
+    pooled within-group correlation, the mean of each error term, and the share of the direction error's variance
+    that is within groups (what a group's ranking can see of it; over the groups with two or more). Samples whose share is NaN (failed estimates, a
     path with no translation) are left out of their group; a group needs two to count."""
     out = {}
     for kind in kinds:
@@ -250,12 +251,19 @@ def magnitude_reading(true: np.ndarray, shown: np.ndarray, terms: np.ndarray, pr
             sxy, sxx, syy = sxy + (x * y).sum(), sxx + (x * x).sum(), syy + (y * y).sum()
             spreads.append(float(sh[ok, j].std(ddof=1)))
         tm = terms[:, m].reshape(-1, 3)
+        dirs = terms[:, m, 1]  # (k, conditions) mean direction error: how much of its variance is within a group
+        within = [dirs[np.isfinite(dirs[:, j]), j] for j in range(dirs.shape[1])]
+        within = [w for w in within if len(w) >= 2]
+        dev = sum(((w - w.mean()) ** 2).sum() for w in within)
+        allw = np.concatenate(within) if within else np.zeros(0)
+        tot = ((allw - allw.mean()) ** 2).sum() if allw.size else 0.0
         mean_term = [float(np.nanmean(tm[:, i])) if np.isfinite(tm[:, i]).any() else float("nan") for i in range(3)]
         out[kind] = dict(conditions=int(m.sum()), groups_read=len(spreads), shown_median=nanmedian(sh),
                          shown_spread=float(np.mean(spreads)) if spreads else float("nan"),
                          reward_shown_slope=float(sxy / sxx) if sxx > 0 else float("nan"),
                          reward_shown_corr=float(sxy / np.sqrt(sxx * syy)) if sxx > 0 and syy > 0 else float("nan"),
-                         rot_err_deg=mean_term[0], dir_err_deg=mean_term[1], mag_err=mean_term[2])
+                         rot_err_deg=mean_term[0], dir_err_deg=mean_term[1], mag_err=mean_term[2],
+                         dir_err_within_share=float(dev / tot) if tot > 0 else float("nan"))
     return out
 
 

@@ -239,6 +239,11 @@ def test_magnitude_reading_by_hand():
     assert d["rot_err_deg"] == pytest.approx(dolly_terms[:, 0].mean())
     assert d["dir_err_deg"] == pytest.approx(np.nanmean(dolly_terms[:, 1]))
     assert d["mag_err"] == pytest.approx(dolly_terms[:, 2].mean())
+    g = [dolly_terms.reshape(3, 2, 3)[:, j, 1] for j in range(2)]
+    g = [v[np.isfinite(v)] for v in g]
+    allv = np.concatenate(g)
+    assert d["dir_err_within_share"] == pytest.approx(sum(((v - v.mean()) ** 2).sum() for v in g)
+                                                      / ((allv - allv.mean()) ** 2).sum())
     pan = magnitude_reading(true, shown, terms, ["zoom in", "zoom out", "pan left"], kinds=("pan",))["pan"]
     # its one group: x (0.5, 0.7), y (0.1, 0.9): slope 0.08 / 0.02
     assert pan["groups_read"] == 1 and pan["reward_shown_slope"] == pytest.approx(4.0)
