@@ -266,6 +266,7 @@ def main() -> None:
         flippable[kind_index(prompts, mislabel_kinds, "--mislabel-kinds")] = True
         print(f"--mislabel-kinds {','.join(mislabel_kinds)}: {int(flippable.sum())} of {len(prompts)} clips' draws "
               "may carry the opposite camera", flush=True)
+        flippable = flippable.to(device)  # indexed by the draws' device indices, every step
     print(f"pool {len(prompts)} clips {time.time() - t0:.0f}s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
 
@@ -363,7 +364,7 @@ def main() -> None:
             x0 = apply_offset(x0, flip, args.noise_offset)
         if by_noise:
             if flippable is not None:  # the offset stays on every flipped draw; the camera only on these kinds'
-                flip = flip & flippable[idx].to(flip.device)
+                flip = flip & flippable[on]
             camera_flipped_draws += int(flip.sum())
             c = torch.where(flip[:, None, None], opp_cams[on], c)
             e = torch.stack([emb[(opp_prompts if f else prompts)[i]] for i, f in zip(idx.tolist(), flip.tolist())])

@@ -127,10 +127,14 @@ def _score_job(args):
     dt, dc = time.time() - t, time.process_time() - c
     score, req = PoseScore(), requested_path(cams, 0, FRAMES)
     terms = score.frames(est, req)
-    term_means = [float(np.nanmean(terms[k])) if np.isfinite(terms[k]).any() else float("nan")
-                  for k in ("rot_deg", "dir_deg", "mag")]
     return (float(terms["score"].mean()), score.clip(est, requested_path(opp, 0, FRAMES)), dt, dc,
-            *motion_shown(est, req), *term_means)
+            *motion_shown(est, req), *(nanmean(terms[k]) for k in ("rot_deg", "dir_deg", "mag")))
+
+
+def nanmean(x) -> float:
+    """The mean of x's finite values; NaN (without numpy's warning) when it has none."""
+    x = np.asarray(x, np.float64)
+    return float(x[np.isfinite(x)].mean()) if np.isfinite(x).any() else float("nan")
 
 
 def nanmedian(x) -> float:
@@ -233,8 +237,9 @@ def magnitude_reading(true: np.ndarray, shown: np.ndarray, terms: np.ndarray, pr
     its spread within a group (std, mean over groups), the pooled within-group slope of the reward in the share shown
     (sum of centred products / sum of centred squares over every group: what a group's ranking sees of it) and the
     pooled within-group correlation, the mean of each error term, and the share of the direction error's variance
-    that is within groups (what a group's ranking can see of it; over the groups with two or more). Samples whose share is NaN (failed estimates, a
-    path with no translation) are left out of their group; a group needs two to count."""
+    that is within groups (what a group's ranking can see of it; over the groups with two or more). Samples whose
+    share is NaN (failed estimates, a path with no translation) are left out of their group; a group needs two to
+    count."""
     out = {}
     for kind in kinds:
         m = np.array([motion_kind(p) == kind for p in presets])
@@ -250,14 +255,13 @@ def magnitude_reading(true: np.ndarray, shown: np.ndarray, terms: np.ndarray, pr
             x, y = sh[ok, j] - sh[ok, j].mean(), t[ok, j] - t[ok, j].mean()
             sxy, sxx, syy = sxy + (x * y).sum(), sxx + (x * x).sum(), syy + (y * y).sum()
             spreads.append(float(sh[ok, j].std(ddof=1)))
-        tm = terms[:, m].reshape(-1, 3)
         dirs = terms[:, m, 1]  # (k, conditions) mean direction error: how much of its variance is within a group
         within = [dirs[np.isfinite(dirs[:, j]), j] for j in range(dirs.shape[1])]
         within = [w for w in within if len(w) >= 2]
         dev = sum(((w - w.mean()) ** 2).sum() for w in within)
         allw = np.concatenate(within) if within else np.zeros(0)
         tot = ((allw - allw.mean()) ** 2).sum() if allw.size else 0.0
-        mean_term = [float(np.nanmean(tm[:, i])) if np.isfinite(tm[:, i]).any() else float("nan") for i in range(3)]
+        mean_term = [nanmean(terms[:, m, i]) for i in range(3)]
         out[kind] = dict(conditions=int(m.sum()), groups_read=len(spreads), shown_median=nanmedian(sh),
                          shown_spread=float(np.mean(spreads)) if spreads else float("nan"),
                          reward_shown_slope=float(sxy / sxx) if sxx > 0 else float("nan"),
