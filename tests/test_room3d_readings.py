@@ -1,6 +1,7 @@
 """The readings benchmarks/ makes of a room3d model (issue 59): recam3d_dit_loss's camera gain and mode gain,
-recam3d_start's motion shown, reference scores, rotation leans and group spread, recam3d_dit_position's probe and
-recam3d_from_target's ODE, each against values computed by hand."""
+recam3d_start's reference scores and amplified cameras, recam3d_readings' motion shown, rotation leans, group spread
+and magnitude reading, recam3d_dit_position's probe and recam3d_from_target's ODE, each against values computed by
+hand."""
 import numpy as np
 import pytest
 import torch
@@ -28,10 +29,10 @@ def test_dit_loss_camera_gain_by_kind_by_hand():
 
 @pytest.mark.parametrize("cam_type", [1, 3, 5, 7, 9])
 def test_motion_shown_reads_the_share_of_the_requested_motion(cam_type):
-    """benchmarks/recam3d_start.py's motion_shown on ReCamMaster's presets: the path itself shows all of its motion,
+    """benchmarks/recam3d_readings.py's motion_shown on ReCamMaster's presets: the path itself shows all of its motion,
     the half-amplitude path half (angle and metres scale exactly), a still camera none; a part the preset does not have
     (a pan's translation, a dolly's rotation) is NaN, as is a failed estimate."""
-    from benchmarks.recam3d_start import motion_shown
+    from benchmarks.recam3d_readings import motion_shown
     from ddpo_grpo.worlds.room3d.paths import clip_cameras, static_path
     from ddpo_grpo.worlds.recam.pose_reward import requested_path
 
@@ -140,10 +141,10 @@ def test_reference_scores_of_a_still_camera_and_the_opposite_motion_by_hand():
 
 
 def test_rotation_leans_by_hand():
-    """recam3d_start.rotation_leans: on the pans and tilts only, the share of samples scoring higher against the
+    """recam3d_readings.rotation_leans: on the pans and tilts only, the share of samples scoring higher against the
     requested camera than its opposite, and the Pearson correlation of that lean with the starting noise's mode
     (float64 by hand); a zoom's sample is left out whatever it scores."""
-    from benchmarks.recam3d_start import rotation_leans
+    from benchmarks.recam3d_readings import rotation_leans
 
     true = np.array([0.4, 0.1, 0.3, 0.05, 0.9, 0.2])
     opp = np.array([0.1, 0.4, 0.05, 0.3, 0.0, 0.3])
@@ -189,10 +190,10 @@ def test_mode_gain_pairs_the_two_labels_on_the_same_clip_and_noise():
 
 
 def test_group_spread_by_hand():
-    """recam3d_start.group_spread: per kind, over each condition's group of k samples, the mean lean (true -
+    """recam3d_readings.group_spread: per kind, over each condition's group of k samples, the mean lean (true -
     opposite), its spread (std over the group, mean over conditions), the share leaning to the requested camera and
     the reward's own spread (float64 by hand); a zoom's group is left out."""
-    from benchmarks.recam3d_start import group_spread
+    from benchmarks.recam3d_readings import group_spread
 
     true = np.array([[0.3, 0.5, 0.0], [0.1, 0.4, 0.9], [0.2, 0.6, 0.1]])  # (k 3, conditions 3)
     opp = np.array([[0.1, 0.2, 0.0], [0.3, 0.1, 0.0], [0.2, 0.3, 0.0]])
@@ -214,10 +215,10 @@ def test_group_spread_by_hand():
 
 
 def test_magnitude_reading_by_hand():
-    """recam3d_start.magnitude_reading: per kind, the pooled within-group slope and correlation of the reward in the
+    """recam3d_readings.magnitude_reading: per kind, the pooled within-group slope and correlation of the reward in the
     translation share shown (float64 by hand), the share's median and within-group spread, the error terms' means; a
     NaN share leaves its sample out of its group, a group of one is not read, other kinds are left out."""
-    from benchmarks.recam3d_start import magnitude_reading
+    from benchmarks.recam3d_readings import magnitude_reading
 
     true = np.array([[0.2, 0.5, 0.1], [0.4, 0.3, 0.9], [0.3, 0.1, 0.5]])  # (k 3, conditions 3)
     shown = np.array([[0.4, 0.9, 0.5], [0.8, np.nan, 0.7], [0.6, 0.5, np.nan]])
