@@ -196,3 +196,38 @@ def test_live_check_before_any_valid_reward_reaches_running_stats():
     keys = np.array([3, 3])
     metrics, table = verify_groups(keys, np.zeros(2), np.zeros(2, bool), np.full(2, np.nan), 2, tracker)
     assert "running statistics (none yet" in table.splitlines()[0]
+
+
+@pytest.mark.parametrize("mode", ["global", "none"])
+def test_live_check_checks_the_scale_where_group_std_is_not_1(mode):
+    """Global / none modes have group mean 0 but no group std 1: the check compares every advantage with
+    (r - group mean) / the batch's std (or / 1), so a mis-scaled advantage (which keeps mean 0) stops the run, and
+    its line does not claim a std-1 check it did not make."""
+    from ddpo_grpo.errors import VerificationError
+
+    rng = np.random.default_rng(1)
+    keys = np.repeat([3, 5, 7], 4)
+    rewards = rng.normal(size=(12, 3)) + np.repeat([0.0, 2.0, -1.0], 4)[:, None]  # between-group spread in the batch
+    tracker = PerPromptStatTracker(std_mode=mode)
+    adv = tracker.update(keys.tolist(), rewards)
+    # hand-computed: group 5's column 1 centred on its own mean, over the batch column's std (ddof 0) or 1
+    g = rewards[4:8, 1]
+    want = (g - g.mean()) / (rewards[:, 1].std() if mode == "global" else 1.0)
+    np.testing.assert_allclose(adv[4:8, 1], want, rtol=1e-5, atol=1e-6)
+    metrics, table = verify_groups(keys, adv, np.ones(12, bool), rewards, 4, tracker)
+    head = table.splitlines()[0]
+    assert "|std-1|" not in head and ("the batch's std" if mode == "global" else "1 (no std)") in head, head
+    assert metrics["verify/adv_tracker_err_max"] < 1e-6
+    scaled = adv * np.float32(1.05)  # group means stay 0: only the scale is wrong
+    with pytest.raises(VerificationError, match=r"advantages differ from the tracker's own .*this epoch's groups"):
+        verify_groups(keys, scaled, np.ones(12, bool), rewards, 4, tracker)
+
+
+def test_live_check_group_mode_line_reports_std_1():
+    rng = np.random.default_rng(2)
+    keys = np.repeat([1, 2], 4)
+    rewards = rng.normal(size=8)
+    tracker = PerPromptStatTracker()
+    adv = tracker.update(keys.tolist(), rewards)
+    metrics, table = verify_groups(keys, adv, np.ones(8, bool), rewards, 4, tracker)
+    assert "|std-1| <=" in table.splitlines()[0] and metrics["verify/adv_group_std_err_max"] < 1e-5

@@ -88,7 +88,9 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
                 t = live[np.argmax(np.abs(s[live] - 1))]
                 if abs(s[t] - 1) > worst_std[0]:
                     worst_std = (float(abs(s[t] - 1)), key, int(t))
-    worst_tracker = verify_tracker_stats(keys, uniq, adv, rew, mask, tracker) if not check_stats else 0.0
+    # Where group std 1 is not the rule (global / none modes, a history buffer, running statistics) the scale is
+    # checked against the tracker's own statistics instead: a mis-scaled advantage passes group mean 0 alone.
+    worst_tracker = verify_tracker_stats(keys, uniq, adv, rew, mask, tracker) if not check_std else 0.0
     if check_stats and (worst_mean[0] > MEAN_TOL or worst_std[0] > STD_TOL):
         which = worst_mean if worst_mean[0] > MEAN_TOL else worst_std
         raise VerificationError(
@@ -107,7 +109,8 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
         "verify/adv_tracker_err_max": worst_tracker,  # history / running: |adv - the tracker's (r - mean) / std|
     }
     table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols,
-                         "per-epoch" if check_stats else tracker_mode(tracker), worst_tracker)
+                         ("per-epoch" if check_std else f"per-epoch {tracker.std_mode}") if check_stats
+                         else tracker_mode(tracker), worst_tracker)
     return metrics, table
 
 
@@ -118,6 +121,8 @@ def tracker_mode(tracker: PerPromptStatTracker) -> str:
             return "running statistics (none yet: no valid reward so far)"
         return (f"running statistics (mean {float(np.mean(tracker.running_mean)):.4g}, std "
                 f"{float(np.mean(np.sqrt(tracker.running_var))):.4g} after {tracker.running_count} updates)")
+    if tracker.buffer_size is None:
+        return f"this epoch's groups ({tracker.std_mode} mode)"
     return (f"history buffer ({tracker.std_mode} mode, last {tracker.buffer_size} rewards per condition, the batch's "
             f"statistics below {tracker.min_count})")
 
@@ -148,10 +153,14 @@ def verify_tracker_stats(keys, uniq, adv, rew, mask, tracker: PerPromptStatTrack
 
 
 def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, mode, worst_tracker=0.0) -> str:
-    head = (f"GRPO check: {n} samples = {m} conditions x k={k} (exact); "
-            + (f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; " if mode == "per-epoch" else
-               f"adv from {mode}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / std per condition; ")
-            + f"zero-std columns {zero_cols}/{cols}")
+    if mode == "per-epoch":  # group std mode: every live group has mean 0 and std 1
+        stats = f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; "
+    elif mode.startswith("per-epoch "):  # global / none: group mean 0, scaled by the batch's std or not at all
+        scale = "the batch's std" if mode.endswith("global") else "1 (no std)"
+        stats = (f"adv |mean| <= {worst_mean:.1e}, within {worst_tracker:.1e} of (r - group mean) / {scale}; ")
+    else:
+        stats = f"adv from {mode}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / std per condition; "
+    head = f"GRPO check: {n} samples = {m} conditions x k={k} (exact); " + stats + f"zero-std columns {zero_cols}/{cols}"
     lines = [head, f"  {'key':>8} {'n':>3} {'r_mean':>8} {'r_std':>8} {'a_mean':>9} {'a_std':>7}"]
     for key, cnt, rm, rs, am, as_ in rows[:8]:
         lines.append(f"  {key:>8} {cnt:>3} {rm:8.4f} {rs:8.4f} {am:9.1e} {as_:7.4f}")
@@ -211,7 +220,9 @@ def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec,
         "verify/trained_cells": float(cells.sum()),
     }
     head = (f"GRPO check (branched): {N} samples = {n_conditions} conditions x k={k} (exact) = {N // L} trees x {L} "
-            f"leaves; sibling-group adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; zero-spread groups "
+            f"leaves; sibling-group adv |mean| <= {worst_mean:.1e}"
+            + (f", |std-1| <= {worst_std:.1e}" if tracker.std_mode == "group" else f" ({tracker.std_mode} mode: std not 1)")
+            + f"; zero-spread groups "
             f"{zero_groups}/{groups}")
     return metrics, "\n".join([head] + lines)
 
