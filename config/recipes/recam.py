@@ -164,7 +164,9 @@ def recam3d_tiny_grpo():
     cam_score 0.132 -> 0.186 / 0.183 / 0.178 (seeds 42 / 1 / 2) against 0.168 / 0.172 / 0.163 at 3e-6, and at 5e-5 it
     fell back by epoch 20; from the bundled start 0.181 -> 0.283 / 0.279 / 0.264 at epoch 40 (docs/recam.md,
     thirty-sixth session). Evaluating an EMA of the policy instead (--config.train.ema_decay=0.95) moved those by
-    +0.003 / -0.003 / -0.003 (thirty-seventh session): the plateau is not the last updates' noise."""
+    +0.003 / -0.003 / -0.003 (thirty-seventh session): the plateau is not the last updates' noise. Advantages over the
+    batch's std (--config.tracker.std_mode=global): +0.104 / +0.095 / +0.093 at epoch 40 against this default's
+    +0.101 / +0.098 / +0.083, within the eval's noise, so the group's std stays (forty-fourth session)."""
     config = _room3d(recam_video_tiny_grpo())
     config.train.target_shift_kl = 1.5e-5
     return config
