@@ -106,12 +106,17 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
         "verify/adv_group_std_err_max": worst_std[0],
         "verify/zero_std_columns": float(zero_cols),
         "verify/trained_samples": float(mask.sum()),
-        "verify/adv_tracker_err_max": worst_tracker,  # history / running: |adv - the tracker's (r - mean) / std|
+        "verify/adv_tracker_err_max": worst_tracker,  # all but group std mode: |adv - the tracker's (r - mean) / std|
     }
-    table = format_table(rows, len(keys), len(uniq), k, worst_mean[0], worst_std[0], zero_cols, cols,
-                         ("per-epoch" if check_std else f"per-epoch {tracker.std_mode}") if check_stats
-                         else tracker_mode(tracker), worst_tracker)
-    return metrics, table
+    if check_std:  # group std mode: every live group has mean 0 and std 1
+        stats = f"adv |mean| <= {worst_mean[0]:.1e}, |std-1| <= {worst_std[0]:.1e}"
+    elif check_stats:  # global / none: group mean 0, scaled by the batch's std or not at all
+        scale = "the batch's std" if tracker.std_mode == "global" else "1 (no std)"
+        stats = f"adv |mean| <= {worst_mean[0]:.1e}, within {worst_tracker:.1e} of (r - group mean) / {scale}"
+    else:
+        stats = (f"adv from {tracker_mode(tracker)}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / "
+                 "std per condition")
+    return metrics, format_table(rows, len(keys), len(uniq), k, stats, zero_cols, cols)
 
 
 def tracker_mode(tracker: PerPromptStatTracker) -> str:
@@ -152,15 +157,9 @@ def verify_tracker_stats(keys, uniq, adv, rew, mask, tracker: PerPromptStatTrack
     return worst
 
 
-def format_table(rows, n, m, k, worst_mean, worst_std, zero_cols, cols, mode, worst_tracker=0.0) -> str:
-    if mode == "per-epoch":  # group std mode: every live group has mean 0 and std 1
-        stats = f"adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}; "
-    elif mode.startswith("per-epoch "):  # global / none: group mean 0, scaled by the batch's std or not at all
-        scale = "the batch's std" if mode.endswith("global") else "1 (no std)"
-        stats = (f"adv |mean| <= {worst_mean:.1e}, within {worst_tracker:.1e} of (r - group mean) / {scale}; ")
-    else:
-        stats = f"adv from {mode}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / std per condition; "
-    head = f"GRPO check: {n} samples = {m} conditions x k={k} (exact); " + stats + f"zero-std columns {zero_cols}/{cols}"
+def format_table(rows, n, m, k, stats, zero_cols, cols) -> str:
+    """The check's printable table; stats: what was checked of the advantages, in words (verify_groups)."""
+    head = f"GRPO check: {n} samples = {m} conditions x k={k} (exact); {stats}; zero-std columns {zero_cols}/{cols}"
     lines = [head, f"  {'key':>8} {'n':>3} {'r_mean':>8} {'r_std':>8} {'a_mean':>9} {'a_std':>7}"]
     for key, cnt, rm, rs, am, as_ in rows[:8]:
         lines.append(f"  {key:>8} {cnt:>3} {rm:8.4f} {rs:8.4f} {am:9.1e} {as_:7.4f}")
