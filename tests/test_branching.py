@@ -102,6 +102,40 @@ def test_live_check_accepts_the_trees_advantages_and_rejects_tampering(seed):
         verify_groups(mixed, adv, mask, rewards, k, tracker, spec, cells)
 
 
+@pytest.mark.parametrize("mode", ["group", "global", "none"])
+def test_tree_check_verifies_the_scale_in_every_per_epoch_mode(mode):
+    # A tree's advantages scaled by 1.5 keep every sibling group's mean 0: only a check of the scale (std 1 in group
+    # mode; the column's std or 1 from the tracker's own rule in global / none modes) catches it.
+    rng = np.random.default_rng(11)
+    spec = BranchSpec((1, 4), 3)
+    conds = np.repeat(np.arange(4), 2 * spec.leaves)
+    rewards = rng.normal(size=len(conds))  # no ties: every sibling group is live
+    tracker = PerPromptStatTracker(mode)
+    valid = np.ones(len(conds) // spec.leaves, dtype=bool)
+    adv, cells = tree_advantages(tracker, spec, conds.tolist(), rewards, valid)
+    mask = np.ones(len(conds), dtype=bool)
+    metrics, table = verify_groups(conds, adv, mask, rewards, 2 * spec.leaves, tracker, spec, cells)
+    assert metrics["verify/adv_tracker_err_max"] < 1e-5
+    assert ("|std-1| <=" in table) == (mode == "group")
+    if mode != "group":
+        assert "the batch's std" in table if mode == "global" else "1 (no std)" in table
+        # global: the column's std is not 1, so the advantages are not the group mode's (what the check compares)
+        col0 = adv[spec.owners(len(conds), 0), 0].reshape(-1, 3)
+        assert np.abs(col0.std(axis=1) - 1).max() > 0.1
+    with pytest.raises(VerificationError):
+        verify_groups(conds, adv * 1.5, mask, rewards, 2 * spec.leaves, tracker, spec, cells)
+
+
+def test_tree_check_with_running_statistics_claims_no_mean():
+    spec = BranchSpec((0, 2), 2)
+    conds = np.repeat([0, 1], 2 * spec.leaves)
+    rewards = np.random.default_rng(3).normal(size=len(conds))
+    tracker = PerPromptStatTracker("running")
+    adv, cells = tree_advantages(tracker, spec, conds.tolist(), rewards, np.ones(len(conds) // spec.leaves, bool))
+    _, table = verify_groups(conds, adv, np.ones(len(conds), bool), rewards, 2 * spec.leaves, tracker, spec, cells)
+    assert "statistics not per epoch" in table and "|mean| <=" not in table
+
+
 # ---------------------------------------------------------------- the sampler
 def _settings(family):
     return SamplerSettings(family=family, guidance_scale=2.0, eta=1.0, noise_level=0.7, sde_type="sde")
@@ -275,3 +309,4 @@ def test_bad_tree_spec_on_the_command_line_exits_2(tmp_path):
                        text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith("error: sample.branch_steps / sample.branches: branch step 7")
+

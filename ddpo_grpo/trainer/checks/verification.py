@@ -7,7 +7,9 @@ check calls the same function on the same rewards, so it cannot disagree with th
 
 Branched sampling: each tree's leaves share one condition, and at each split every sibling group has exactly K
 trained cells (one per child), whose advantages have mean 0 / std 1, or are all 0 where the children's values have
-zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching.
+zero spread; every other cell is 0 and untrained. Node values and sibling groups come from core.branching. In global
+and none modes each sibling group's advantages are checked against the tracker's rule over its column (mean 0,
+divided by the column's std or by 1); with a buffer or running statistics only zeros and owners are.
 
 History buffer / running statistics: the advantages are not per-epoch statistics, so group mean 0 / std 1 cannot be
 checked; the check then verifies what the tracker itself defines (verify_tracker_stats) and says which mode it is in.
@@ -111,12 +113,17 @@ def verify_groups(keys: np.ndarray, advantages: np.ndarray, mask: np.ndarray, re
     if check_std:  # group std mode: every live group has mean 0 and std 1
         stats = f"adv |mean| <= {worst_mean[0]:.1e}, |std-1| <= {worst_std[0]:.1e}"
     elif check_stats:  # global / none: group mean 0, scaled by the batch's std or not at all
-        scale = "the batch's std" if tracker.std_mode == "global" else "1 (no std)"
-        stats = f"adv |mean| <= {worst_mean[0]:.1e}, within {worst_tracker:.1e} of (r - group mean) / {scale}"
+        stats = (f"adv |mean| <= {worst_mean[0]:.1e}, within {worst_tracker:.1e} of (r - group mean) / "
+                 f"{_scale_words(tracker)}")
     else:
         stats = (f"adv from {tracker_mode(tracker)}: finite, within {worst_tracker:.1e} of the tracker's (r - mean) / "
                  "std per condition")
     return metrics, format_table(rows, len(keys), len(uniq), k, stats, zero_cols, cols)
+
+
+def _scale_words(tracker: PerPromptStatTracker) -> str:
+    """What the per-epoch advantages are divided by, in words (group / global / none modes)."""
+    return {"group": "the group's std", "global": "the batch's std", "none": "1 (no std)"}[tracker.std_mode]
 
 
 def tracker_mode(tracker: PerPromptStatTracker) -> str:
@@ -180,9 +187,14 @@ def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec,
     split = np.flatnonzero((per_tree != per_tree[:, :1]).any(axis=1))
     if len(split):
         raise VerificationError(f"tree check failed: tree {int(split[0])} mixes conditions {np.unique(per_tree[split[0]]).tolist()}")
-    worst_mean = worst_std = 0.0
+    worst_mean = worst_std = worst_rule = 0.0
     zero_groups = groups = 0
     lines = []
+    # Per-epoch statistics (no history buffer, not running): each column's advantages are the tracker's own rule
+    # (PerPromptStatTracker.baseline) over that column's sibling groups, the batch being the column's live values, as
+    # tree_advantages handed them to update(). Running statistics have moved on by D updates since column 0, and a
+    # buffer holds past epochs' node values: there only the zero-spread and ownership rules are checked.
+    per_epoch = tracker.buffer_size is None and tracker.std_mode != "running"
     for d in range(D):
         owner = tree.owners(N, d) & mask
         stray = np.flatnonzero(~owner & ((advantages[:, d] != 0) | cells[:, d]))
@@ -202,10 +214,21 @@ def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec,
         live = live_parent & ~zero
         groups += int(live_parent.sum())
         zero_groups += int((live_parent & zero).sum())
-        if tracker.std_mode in ("group", "global", "none") and live.any():
+        if per_epoch and live.any():
             worst_mean = max(worst_mean, float(np.abs(adv[live].mean(axis=1)).max()))
-        if tracker.std_mode == "group" and live.any():
-            worst_std = max(worst_std, float(np.abs(adv[live].std(axis=1) - 1).max()))
+            if tracker.std_mode == "group":
+                worst_std = max(worst_std, float(np.abs(adv[live].std(axis=1) - 1).max()))
+            batch = values[live_parent].reshape(-1, 1)
+            for p in np.flatnonzero(live):
+                g = values[p][:, None]  # (K, 1) the children's values
+                mean, scale, z = tracker.baseline(None, g, batch)
+                want = np.divide(g - mean, scale, out=np.zeros_like(g), where=~z)[:, 0]
+                err = float((np.abs(adv[p] - want) / (1 + np.abs(want))).max())
+                if err > MEAN_TOL:
+                    raise VerificationError(
+                        f"advantage check failed: column {d} sibling group {int(p)}: advantages differ from the "
+                        f"tracker's own (v - sibling mean) / {_scale_words(tracker)} by up to {err:.2e} (tol {MEAN_TOL})")
+                worst_rule = max(worst_rule, err)
         lines.append(f"  split {d} (step {tree.steps[d]}): {int(live_parent.sum())} sibling groups x {K}, "
                      f"{int((live_parent & zero).sum())} with zero spread, {int(cells[:, d].sum())} trained cells")
     if worst_mean > MEAN_TOL or worst_std > STD_TOL:
@@ -217,12 +240,17 @@ def verify_tree_groups(keys, advantages, cells, mask, rewards, tree: BranchSpec,
         "verify/adv_group_mean_abs_max": worst_mean, "verify/adv_group_std_err_max": worst_std,
         "verify/zero_std_columns": float(zero_groups), "verify/trained_samples": float(mask.sum()),
         "verify/trained_cells": float(cells.sum()),
+        "verify/adv_tracker_err_max": worst_rule,  # |adv - the tracker's (v - sibling mean) / scale|, per column
     }
+    if not per_epoch:
+        stats = f"adv from {tracker_mode(tracker)}: zero-spread groups and owners checked, statistics not per epoch"
+    elif tracker.std_mode == "group":
+        stats = f"sibling-group adv |mean| <= {worst_mean:.1e}, |std-1| <= {worst_std:.1e}"
+    else:
+        stats = (f"sibling-group adv |mean| <= {worst_mean:.1e}, within {worst_rule:.1e} of (v - sibling mean) / "
+                 f"{_scale_words(tracker)}")
     head = (f"GRPO check (branched): {N} samples = {n_conditions} conditions x k={k} (exact) = {N // L} trees x {L} "
-            f"leaves; sibling-group adv |mean| <= {worst_mean:.1e}"
-            + (f", |std-1| <= {worst_std:.1e}" if tracker.std_mode == "group" else f" ({tracker.std_mode} mode: std not 1)")
-            + f"; zero-spread groups "
-            f"{zero_groups}/{groups}")
+            f"leaves; {stats}; zero-spread groups {zero_groups}/{groups}")
     return metrics, "\n".join([head] + lines)
 
 
