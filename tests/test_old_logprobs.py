@@ -31,9 +31,9 @@ from rowcount import make_ctx, make_samples  # the row-count fault's context (SH
 @pytest.fixture
 def gpu_regime(monkeypatch):
     """The run computes in bf16 (the tolerances a GPU run gets), while the arithmetic stays the CPU's float32."""
-    import ddpo_grpo.trainer.checks.verification as verification
+    import ddpo_grpo.trainer.checks.onpolicy as onpolicy
 
-    monkeypatch.setattr(verification, "run_precision", lambda acc: (torch.bfloat16, False))
+    monkeypatch.setattr(onpolicy, "run_precision", lambda acc: (torch.bfloat16, False))
 
 
 @pytest.mark.parametrize("family", ["ddim", "flow"])

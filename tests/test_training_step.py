@@ -101,7 +101,7 @@ def test_cfg_mismatch_warns_and_trains_with_warn(capsys):
 
 def test_onpolicy_check_setting_is_validated():
     from ddpo_grpo.errors import ConfigError
-    from ddpo_grpo.trainer.checks.verification import check_onpolicy_config
+    from ddpo_grpo.trainer.checks.onpolicy import check_onpolicy_config
 
     for mode in ("stop", "warn", "off"):
         check_onpolicy_config(make_ctx(onpolicy_check=mode).config)
@@ -333,7 +333,7 @@ def test_the_runs_tolerance_follows_its_dtype_and_clip_range():
     """core.loss.onpolicy_tolerance through the trainer's reading of the run: float32 on CPU 1e-5; bf16 / fp16, and
     float32 on CUDA with TF32 kernels, half the clip range (docs/reliability.md says why)."""
     from ddpo_grpo.core.loss import onpolicy_tolerance
-    from ddpo_grpo.trainer.checks.verification import run_tolerance
+    from ddpo_grpo.trainer.checks.onpolicy import run_tolerance
 
     cfg = make_ctx().config
     acc = lambda mp, dev="cpu": types.SimpleNamespace(mixed_precision=mp, device=torch.device(dev))  # noqa: E731

@@ -11,7 +11,7 @@ KL_TYPES = ("gaussian", "k3")
 # Where the KL to the reference is taken: at the trained steps, or at every step (trainer/epoch/training.py).
 KL_STEPS = ("trained", "all")
 
-# The on-policy check (trainer/checks/verification.py check_onpolicy): before an epoch's first optimizer step the policy is
+# The on-policy check (trainer/checks/onpolicy.py check_onpolicy): before an epoch's first optimizer step the policy is
 # the sampling policy, so exp(logp - logp_old) of every re-scored transition must be 1 up to the arithmetic.
 ONPOLICY_TOL_EXACT = 1e-5  # float32 re-scoring: other rows in a call sum in another order (1.7e-6 measured)
 
@@ -41,7 +41,7 @@ def onpolicy_tolerance(dtype: torch.dtype, clip_range: float, tf32: bool = False
     return clip_range / 2
 
 
-# The sampler gap (trainer/checks/verification.py check_sampler_gap): |logp_sampler - logp_trainer| of one transition,
+# The sampler gap (trainer/checks/onpolicy.py check_sampler_gap): |logp_sampler - logp_trainer| of one transition,
 # the sampler's log-prob against the training call's, before any update. Calls of another shape may sum in another
 # order; anything beyond that is a sampler/trainer mismatch (CFG, scheduler settings, conditions). Measured
 # (docs/reliability.md, "The sampler gap"): float32 on a CPU <= 1.0e-6 across call shapes, 0 at equal shapes;

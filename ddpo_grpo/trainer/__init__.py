@@ -6,5 +6,5 @@
 - `run/`: what carries the epochs: `validate` (a config's mistakes, one line each, before anything loads), `build`
   (config -> RunContext), `data`, `embeddings`, `devices`, `scale` (sharded engines), `run_identity`, `checkpointing`,
   `reporting`, `startup`.
-- `checks/`: what the run checks about itself: `verification` (the GRPO invariants, every epoch), `hacking` (reward
-  hacking guardrails) and `memory_plan` (does it fit, before anything loads; its counts: `meta_counts`)."""
+- `checks/`: what the run checks about itself: `verification` (the GRPO invariants, every epoch), `onpolicy` (ratio 1
+  before the first update), `hacking` (reward hacking guardrails) and `memory_plan` (does it fit, before anything loads; its counts: `meta_counts`)."""

@@ -21,7 +21,7 @@ from .rescoring import (call_inputs, gather_sampler_gap, old_logprobs_counts, re
                         score, settings_mismatch, truncated_is_weight, worst_gap)
 from .update import (optimizer_step, plan_epoch, probe_sizes, schedule_decay, step_weights, steps_per_sample,
                      untrained_columns, zero_loss)
-from ..checks.verification import check_onpolicy, check_sampler_gap, gather_worst, run_old_logprobs
+from ..checks.onpolicy import check_onpolicy, check_sampler_gap, gather_worst, run_old_logprobs
 
 
 def probe_timesteps_per_call(ctx, samples: EpochSamples, settings) -> int:
@@ -228,7 +228,7 @@ def _call_loss(ctx, settings, samples, advantages, mask, idx, cols, clip_high, p
         if is_w is not None:
             metrics["sampler_is_weight"] = float(is_w[keep].mean())
         # exp(|logp - logp_old|) - 1 of every kept row (>= |r - 1|): before the first optimizer step these must all be
-        # 0 (verification.check_onpolicy). NaN rows are left out: a non-finite loss is counted below.
+        # 0 (onpolicy.check_onpolicy). NaN rows are left out: a non-finite loss is counted below.
         d = (res.log_prob[keep].detach().float() - old[keep].float()).abs()
         d = torch.where(torch.isnan(d), torch.full_like(d, -1.0), d)
         j = int(d.argmax())

@@ -200,7 +200,7 @@ def validate_config(config, num_processes: int) -> str:
     from ..checks.hacking import check_config as check_guard
 
     check_guard(config)  # reward.gold names, train.hacking_guard
-    from ..checks.verification import check_onpolicy_config
+    from ..checks.onpolicy import check_onpolicy_config
 
     check_onpolicy_config(config)  # train.onpolicy_check
     from ..epoch.rescoring import check_old_logprobs_config
