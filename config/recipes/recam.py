@@ -166,7 +166,9 @@ def recam3d_tiny_grpo():
     thirty-sixth session). Evaluating an EMA of the policy instead (--config.train.ema_decay=0.95) moved those by
     +0.003 / -0.003 / -0.003 (thirty-seventh session): the plateau is not the last updates' noise. Advantages over the
     batch's std (--config.tracker.std_mode=global): +0.104 / +0.095 / +0.093 at epoch 40 against this default's
-    +0.101 / +0.098 / +0.083, within the eval's noise, so the group's std stays (forty-fourth session)."""
+    +0.101 / +0.098 / +0.083, within the eval's noise, so the group's std stays (forty-fourth session); as do 4 optimizer
+    steps an epoch: 16 (--config.train.gradient_accumulation_steps=1 --config.train.reference_update_freq=32) read
+    +0.100 / +0.101 / +0.091 (forty-fifth session)."""
     config = _room3d(recam_video_tiny_grpo())
     config.train.target_shift_kl = 1.5e-5
     return config
