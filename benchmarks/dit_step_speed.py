@@ -1,6 +1,6 @@
 """One flow-matching training step of the recam tiny DiT (ReCamMaster's architecture: WanTransformer3DModel + camera
 layers) at the 3-D world's latent size (B 16, 8 channels, 3 x 8 x 12 latents, the source's 3 frames beside), for a few
-widths, depths and patch sizes: what a wider start model would cost on this CPU before pretraining one (docs/recam.md).
+widths, depths and patch sizes: what a wider start model would cost on this CPU before pretraining one (docs/recam_log.md).
 
     python benchmarks/dit_step_speed.py --threads 1
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How the bundled assets/tiny-recam3d is made from a fresh clone (issue 59; docs/recam.md, thirty-fifth session).
+# How the bundled assets/tiny-recam3d is made from a fresh clone (issue 59; docs/recam_log.md, thirty-fifth session).
 #   bash benchmarks/make_tiny_recam3d.sh [OUT]        (OUT: runs/tiny_recam3d by default; ~55 min on 2 CPU cores)
 # Three stages of benchmarks/pretrain_recam_video.py on the 3-D camera world, each from the last one's DiT, with the
 # VAE of the bundled folder (the stages train the DiT only):

@@ -5,7 +5,7 @@ direction `u` (orthogonal to the all-ones direction over channels) on the moved 
 the source camera's), for the draws whose noise reads above the fraction's quantile (`pretrain_pools.noise_mode`,
 the reading `--mislabel-by noise` ties the opposite camera to). That effect is additive: a DiT that reads the mode a
 little already lowers its loss a little, where the opposite camera needs the reading AND a sign gate on the camera
-before either pays (docs/recam.md, sixteenth session: 4,000 steps read nothing). If a tiny DiT cannot learn this
+before either pays (docs/recam_log.md, sixteenth session: 4,000 steps read nothing). If a tiny DiT cannot learn this
 either, what it lacks is the reading; if it can, it is the gate.
 
 `offset_read` is the reading: on fixed pool clips, with the TRUE (unmoved) targets for every draw, so that the only

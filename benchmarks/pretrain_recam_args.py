@@ -25,7 +25,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--cam-lr-mult", type=float, default=1.0,
-                    help="the camera layers' lr as a multiple of --lr (docs/recam.md, nineteenth session)")
+                    help="the camera layers' lr as a multiple of --lr (docs/recam_log.md, nineteenth session)")
     ap.add_argument("--z-dim", type=int, default=Z_DIM, help="VAE latent channels (the DiT's in/out channels)")
     ap.add_argument("--vae-base-dim", type=int, default=16, help="the VAE's first conv width")
     ap.add_argument("--vae-from", default=None,

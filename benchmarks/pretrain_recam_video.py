@@ -31,7 +31,7 @@ produces it or its opposite: a known, shared camera error (the video analogue of
 With `--mislabel-by noise` the fraction is of the training draws instead of the items: a draw carries the opposite
 camera when its noise's normalised sum (`noise_mode`, a standard normal) is above the fraction's quantile, so that a
 sampler's starting noise could pick the camera and the model commit to one motion per sample where a fixed set of
-mislabelled items makes a small DiT blend the two. Measured at the bundled size (docs/recam.md, sixteenth session):
+mislabelled items makes a small DiT blend the two. Measured at the bundled size (docs/recam_log.md, sixteenth session):
 4,000 steps do not teach it to read the noise (benchmarks/recam3d_dit_loss.py --mode-gain); it learns the share.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ world, cam_score the reward, at the recipe's budget (40 iterations x 64 pairs = 
 
 Why: a group of the GRPO recipe shares its condition and x_T, and ranks the spread of its SDE draws; on this world
 how far a clip leans to the requested camera is mostly the condition's, and the recipe shrinks the draws' spread as it
-climbs (docs/recam.md, twenty-sixth session). Here the members of a pair differ in how the camera is read: clip
+climbs (docs/recam_log.md, twenty-sixth session). Here the members of a pair differ in how the camera is read: clip
 (condition i, x_T) is sampled deterministically (flow ODE, 10 steps) with every block's cam_encoder weight W + s E and
 again with W - s E (E standard normal, s = --sigma-rel x the block's rms weight; one E per pair), and the difference of
 the two cam_scores estimates the reward's gradient along E (OpenAI-ES with mirrored sampling):

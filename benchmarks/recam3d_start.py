@@ -72,7 +72,7 @@ OPTION_SETS = [
     {"sigmas": [0.0], "iters": 4},
     {"sigmas": [0.0], "iters": 2},
     {"sigmas": [0.0], "iters": 3},
-    # blur-robust sets for generated clips (--blur 2 4: a VAE's reconstructions are blurred, docs/recam.md)
+    # blur-robust sets for generated clips (--blur 2 4: a VAE's reconstructions are blurred, docs/recam_log.md)
     {"sigmas": [0.05, 0.02], "iters": 2},
     {"sigmas": [0.04], "iters": 3},
 ]

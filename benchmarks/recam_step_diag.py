@@ -1,4 +1,4 @@
-"""Per-timestep diagnosis of the clipped-ratio GRPO gradient on tiny-recam-video (issue 47, docs/recam.md).
+"""Per-timestep diagnosis of the clipped-ratio GRPO gradient on tiny-recam-video (issue 47, docs/recam_log.md).
 
     python benchmarks/recam_step_diag.py --conditions 8 --k 16 --compare /work/runs47/A/export --json out.json
 

@@ -2,7 +2,7 @@
 # The 3-D camera world's start model on a lent GPU (issue 59): a DiT trained far longer than a CPU session allows, then
 # measured held-out. One device command after scripts/gpu_check.sh. By default a fresh 8-block DiT 128 channels wide
 # (8 heads of 16) whose camera layers take 10 x the lr (`--dit-layers 8 --dit-heads 8 --dit-ffn 256 --cam-lr-mult 10`):
-# each of the three learnt the camera faster per step on this CPU (docs/recam.md: seventeenth session, 8 blocks read
+# each of the three learnt the camera faster per step on this CPU (docs/recam_log.md: seventeenth session, 8 blocks read
 # a camera gain of 0.43 on true labels in 14,761 steps where 4 blocks read 0.37 after 33,836; nineteenth, the camera
 # layers at 10 x the lr take 4 blocks from 0.300 to 0.431 at step 6,000; twenty-second, 128 channels instead of 64
 # take that to 0.515, and with true labels to 1.03, whose samples read 0.290 held-out: the first CPU DiT whose
@@ -21,7 +21,7 @@
 # --dit-ffn 256 --cam-lr-mult 10"; with DIT_ARGS="--dit-init assets/tiny-recam3d --dit-heads 8 --dit-ffn 256"
 # DIT_LR=2e-4 it trains the bundled 4-block DiT on), WORKERS (the estimator's processes, 12).
 # Then here: benchmarks/recam3d_dit_loss.py --labels true on the folder (a minute), and recam3d_start.py's
-# translations: they must read well above 0.08-0.12 (the best CPU DiT's: 128 channels, 12,000 steps, docs/recam.md
+# translations: they must read well above 0.08-0.12 (the best CPU DiT's: 128 channels, 12,000 steps, docs/recam_log.md
 # twenty-third session) before the folder goes into the GRPO runs (--config.pretrained.model=FOLDER) or
 # assets/tiny-recam3d.
 set -u -o pipefail
@@ -52,7 +52,7 @@ if [ "$DRY" = 1 ]; then
     DEVICE=cpu SECONDS_=${DIT_SECONDS:-5} POOL=16 THREADS=1 LIMIT=(--limit 2 --seeds 0)
 else
     # a pool of 4000 (the bundled DiT's 1000 begin to be learnt by heart after ~12,000 more steps of 16 on the CPU:
-    # docs/recam.md, ninth session), rendered by every core in under a minute
+    # docs/recam_log.md, ninth session), rendered by every core in under a minute
     DEVICE=cuda SECONDS_=${DIT_SECONDS:-150} POOL=${POOL:-4000} THREADS=$(nproc) LIMIT=()
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 2)" \
         || { echo "error: no CUDA device (scripts/gpu_recam3d.sh --dry-run runs on the CPU)" >&2; exit 2; }

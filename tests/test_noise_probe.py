@@ -1,4 +1,4 @@
-"""benchmarks/noise_probe.py, the reading behind pretrain_recam_video.py --noise-offset (docs/recam.md, thirty-second
+"""benchmarks/noise_probe.py, the reading behind pretrain_recam_video.py --noise-offset (docs/recam_log.md, thirty-second
 session): the offset's direction and application, the probe's inputs and its reading, each against a hand computation
 or an oracle predictor. The option's end-to-end run and its bad values are in test_room3d_pretrain.py."""
 import pytest

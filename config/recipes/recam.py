@@ -112,7 +112,7 @@ def recam_video_tiny():
 
 def recam_video_tiny_grpo():
     """recam_video_tiny (same model, conditions, 40 epochs x 128 samples, held-out eval) trained by the clipped-ratio
-    GRPO loss instead of NFT, in the shape issue 47's diagnosis asks for (docs/recam.md, 2026-11-27). Noise and
+    GRPO loss instead of NFT, in the shape issue 47's diagnosis asks for (docs/recam_log.md, 2026-11-27). Noise and
     training on a window of the 4 noisiest steps only, the flow ODE after it as the eval samples: with noise on all 10
     steps, steps 4-8 make 2/3 of a group's cam_score spread, and the last two carry 80 % of an all-steps gradient
     while their noise decides ~1/4 of it. Ratios re-scored (exactly 1 on-policy). 4 optimizer steps per epoch, with
@@ -162,7 +162,7 @@ def recam3d_tiny_grpo():
     reference, 40 epochs x 128 clips) on the 3-D camera world with `tiny-recam3d` (_room3d), its lr adapted to a
     policy shift of 1.5e-5 per epoch instead of the 2-D world's 3e-6: from the earlier 64-channel start, held-out
     cam_score 0.132 -> 0.186 / 0.183 / 0.178 (seeds 42 / 1 / 2) against 0.168 / 0.172 / 0.163 at 3e-6, and at 5e-5 it
-    fell back by epoch 20; from the bundled start 0.181 -> 0.283 / 0.279 / 0.264 at epoch 40 (docs/recam.md,
+    fell back by epoch 20; from the bundled start 0.181 -> 0.283 / 0.279 / 0.264 at epoch 40 (docs/recam_log.md,
     thirty-sixth session). Evaluating an EMA of the policy instead (--config.train.ema_decay=0.95) moved those by
     +0.003 / -0.003 / -0.003 (thirty-seventh session): the plateau is not the last updates' noise. Advantages over the
     batch's std (--config.tracker.std_mode=global): +0.104 / +0.095 / +0.093 at epoch 40 against this default's

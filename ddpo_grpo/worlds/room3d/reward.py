@@ -5,7 +5,7 @@ cam_margin: a contrastive camera reward.
 A clip's cam_score against the requested camera MINUS its cam_score against the opposite motion
 (`paths.opposite_motion`: the path mirrored about its main axis, the word swapped). What a clip is scored for by both,
 how well it is read at all (sharp frames the estimator can align, no lost objects), cancels; what is left is the
-direction. docs/recam.md (sixteenth session) measured why this matters: at the start of `recam3d_tiny_grpo` most of a
+direction. docs/recam_log.md (sixteenth session) measured why this matters: at the start of `recam3d_tiny_grpo` most of a
 pan group's cam_score differences are how well a clip is read, not which way it turns, and the recipe's 5,120 clips go
 to that first. The score against the requested camera stays in the details as "cam_score" (so an eval logs the
 held-out cam_score beside the margin) with the opposite's as "cam_opposite".
