@@ -1,6 +1,7 @@
 """Held-out pass@1 / pass@k of the bundled start model `tiny-recam3d` on the 3-D camera world (issue 59 part 2).
 
     python benchmarks/recam3d_start.py --out docs/recam3d_start.json
+    python benchmarks/recam3d_start.py --model logs/<run>/export --baseline docs/recam3d_start.json  # paired gain
     python benchmarks/recam3d_start.py --bench-estimator 16     # the exact estimator's options: accuracy and speed
     python benchmarks/recam3d_start.py --grid docs/recam3d_start_samples.png --limit 10 --seeds 0   # what it draws
 
@@ -263,6 +264,8 @@ def main() -> None:
     ap.add_argument("--amplitude", type=float, default=1.0,
                     help="ask the model for the requested path at this amplitude (scored against the request)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--baseline", default="", help="a JSON written by --out with the same --seeds: the paired "
+                    "difference to it (mean and standard error) is added")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
     torch.set_num_threads(2)
@@ -318,10 +321,25 @@ def main() -> None:
                translation_shown=nanmedian(r[:, 4]), rotation_shown=nanmedian(r[:, 5]),
                rotation_leans=rotation_leans(true, opp, modes, [it["preset"] for it in items]),
                per_preset=per_preset, reference=reference_scores(items[:n_cond]))
+    if args.baseline:
+        res["paired"] = paired_difference(true, args.baseline, args.seeds)
     print(json.dumps(res, indent=1), flush=True)
-    if args.out:
+    if args.out:  # the file also keeps every clip's score (seed-major), what a later --baseline pairs against
         with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump(dict(res, clip_scores=[round(float(x), 6) for x in true]), f, indent=1)
+
+
+def paired_difference(scores: np.ndarray, baseline_json: str, seeds: list) -> dict:
+    """This model's cam_score minus a baseline's on the same clips (same conditions and noise seeds; the baseline's
+    --out file keeps its clip scores), with the standard error of the mean difference: the pairing removes the
+    conditions' and noises' spread, which the two means' own standard errors each carry."""
+    with open(baseline_json) as f:
+        base = json.load(f)
+    if base.get("seeds") != list(seeds) or len(base.get("clip_scores", ())) != scores.size:
+        raise SystemExit(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, "
+                         f"{len(base.get('clip_scores', ()))} clip scores; here seeds {list(seeds)}, {scores.size})")
+    d = scores - np.asarray(base["clip_scores"], dtype=np.float64)
+    return dict(baseline=base.get("model"), mean=float(d.mean()), se=float(d.std(ddof=1) / np.sqrt(d.size)))
 
 
 if __name__ == "__main__":

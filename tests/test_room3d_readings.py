@@ -290,3 +290,24 @@ def test_scale_cameras_on_random_paths_keeps_axis_and_direction_and_inverts(kind
             np.testing.assert_allclose(so3_log(q[:3, :3]), 2.0 * so3_log(p[:3, :3]), atol=2e-5)
             np.testing.assert_allclose(q[:3, 3], 2.0 * p[:3, 3], atol=2e-5)
         np.testing.assert_allclose(scale_cameras(got, 0.5), cams, atol=2e-5)
+
+
+def test_start_paired_difference_by_hand(tmp_path):
+    """recam3d_start's --baseline: the mean and standard error of this model's clip scores minus the baseline's on
+    the same clips; a baseline read on other seeds, or without its clip scores, is refused."""
+    import json
+
+    from benchmarks.recam3d_start import paired_difference
+
+    base = tmp_path / "start.json"
+    base.write_text(json.dumps(dict(model="tiny-recam3d", seeds=[0, 1], clip_scores=[0.1, 0.5, 0.2, 0.0])))
+    got = paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1])
+    d = np.array([0.2, 0.0, 0.4, 0.1])  # by hand: mean 0.175, sample std sqrt(0.0875 / 3)
+    assert got["baseline"] == "tiny-recam3d"
+    assert got["mean"] == pytest.approx(0.175)
+    assert got["se"] == pytest.approx(np.sqrt(((d - 0.175) ** 2).sum() / 3) / 2)
+    with pytest.raises(SystemExit, match="not the same clips"):
+        paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 2])
+    base.write_text(json.dumps(dict(model="m", seeds=[0, 1])))
+    with pytest.raises(SystemExit, match="0 clip scores"):
+        paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1])
