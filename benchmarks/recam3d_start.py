@@ -282,6 +282,8 @@ def main() -> None:
     t0 = time.time()
     if args.group_spread:
         return run_group_spread(args, folder, ckpt, opts, t0)
+    if args.baseline:  # a baseline that cannot be paired is refused before minutes of sampling
+        read_baseline(args.baseline, args.seeds)
     clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms,
                                        amplitude=args.amplitude)
     t_sample = time.time() - t0
@@ -329,15 +331,23 @@ def main() -> None:
             json.dump(dict(res, clip_scores=[round(float(x), 6) for x in true]), f, indent=1)
 
 
+def read_baseline(baseline_json: str, seeds: list, n: int | None = None) -> dict:
+    """A --baseline file, refused unless it holds clip scores for the same noise seeds (and n of them, when n is
+    known): main checks it before sampling, paired_difference again with the clips' count."""
+    with open(baseline_json) as f:
+        base = json.load(f)
+    got = len(base.get("clip_scores", ()))
+    if base.get("seeds") != list(seeds) or not got or (n is not None and got != n):
+        raise SystemExit(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, {got} clip "
+                         f"scores; here seeds {list(seeds)}, {'?' if n is None else n})")
+    return base
+
+
 def paired_difference(scores: np.ndarray, baseline_json: str, seeds: list) -> dict:
     """This model's cam_score minus a baseline's on the same clips (same conditions and noise seeds; the baseline's
     --out file keeps its clip scores), with the standard error of the mean difference: the pairing removes the
     conditions' and noises' spread, which the two means' own standard errors each carry."""
-    with open(baseline_json) as f:
-        base = json.load(f)
-    if base.get("seeds") != list(seeds) or len(base.get("clip_scores", ())) != scores.size:
-        raise SystemExit(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, "
-                         f"{len(base.get('clip_scores', ()))} clip scores; here seeds {list(seeds)}, {scores.size})")
+    base = read_baseline(baseline_json, seeds, scores.size)
     d = scores - np.asarray(base["clip_scores"], dtype=np.float64)
     return dict(baseline=base.get("model"), mean=float(d.mean()), se=float(d.std(ddof=1) / np.sqrt(d.size)))
 
