@@ -263,12 +263,14 @@ def main() -> None:
                          "SDE on steps 0-3), and how far they spread towards the requested camera (group_spread)")
     ap.add_argument("--amplitude", type=float, default=1.0,
                     help="ask the model for the requested path at this amplitude (scored against the request)")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", 2)),
+                    help="torch's threads for the sampling (default: OMP_NUM_THREADS, else 2)")
     ap.add_argument("--out", default="")
     ap.add_argument("--baseline", default="", help="a JSON written by --out with the same --seeds: the paired "
                     "difference to it (mean and standard error) is added")
     args = ap.parse_args()
     opts = json.loads(args.estimator_kwargs)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.bench_estimator:
         res = {"estimator_options": bench_estimator(args.bench_estimator, args.workers, args.option_sets, args.blur)}
         if args.out:
@@ -282,8 +284,9 @@ def main() -> None:
     t0 = time.time()
     if args.group_spread:
         return run_group_spread(args, folder, ckpt, opts, t0)
+    same = dict(rooms=args.rooms, amplitude=args.amplitude, estimator_kwargs=opts)  # what a pairing must share
     if args.baseline:  # a baseline that cannot be paired is refused before minutes of sampling
-        read_baseline(args.baseline, args.seeds)
+        read_baseline(args.baseline, args.seeds, **same)
     clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms,
                                        amplitude=args.amplitude)
     t_sample = time.time() - t0
@@ -324,30 +327,35 @@ def main() -> None:
                rotation_leans=rotation_leans(true, opp, modes, [it["preset"] for it in items]),
                per_preset=per_preset, reference=reference_scores(items[:n_cond]))
     if args.baseline:
-        res["paired"] = paired_difference(true, args.baseline, args.seeds)
+        res["paired"] = paired_difference(true, args.baseline, args.seeds, **same)
     print(json.dumps(res, indent=1), flush=True)
     if args.out:  # the file also keeps every clip's score (seed-major), what a later --baseline pairs against
         with open(args.out, "w") as f:
             json.dump(dict(res, clip_scores=[round(float(x), 6) for x in true]), f, indent=1)
 
 
-def read_baseline(baseline_json: str, seeds: list, n: int | None = None) -> dict:
+def read_baseline(baseline_json: str, seeds: list, n: int | None = None, **same) -> dict:
     """A --baseline file, refused unless it holds clip scores for the same noise seeds (and n of them, when n is
-    known): main checks it before sampling, paired_difference again with the clips' count."""
+    known) and, for each keyword given (rooms, amplitude, estimator_kwargs), the value this read uses: a file that
+    does not record one (written before it was kept) is not checked on it. main checks it before sampling,
+    paired_difference again with the clips' count."""
     with open(baseline_json) as f:
         base = json.load(f)
     got = len(base.get("clip_scores", ()))
     if base.get("seeds") != list(seeds) or not got or (n is not None and got != n):
         raise SystemExit(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, {got} clip "
                          f"scores; here seeds {list(seeds)}, {'?' if n is None else n})")
+    for key, value in same.items():
+        if key in base and base[key] != value:
+            raise SystemExit(f"--baseline {baseline_json}: read with {key} {base[key]!r}, here {value!r}")
     return base
 
 
-def paired_difference(scores: np.ndarray, baseline_json: str, seeds: list) -> dict:
+def paired_difference(scores: np.ndarray, baseline_json: str, seeds: list, **same) -> dict:
     """This model's cam_score minus a baseline's on the same clips (same conditions and noise seeds; the baseline's
     --out file keeps its clip scores), with the standard error of the mean difference: the pairing removes the
     conditions' and noises' spread, which the two means' own standard errors each carry."""
-    base = read_baseline(baseline_json, seeds, scores.size)
+    base = read_baseline(baseline_json, seeds, scores.size, **same)
     d = scores - np.asarray(base["clip_scores"], dtype=np.float64)
     return dict(baseline=base.get("model"), mean=float(d.mean()), se=float(d.std(ddof=1) / np.sqrt(d.size)))
 

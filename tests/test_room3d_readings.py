@@ -294,7 +294,8 @@ def test_scale_cameras_on_random_paths_keeps_axis_and_direction_and_inverts(kind
 
 def test_start_paired_difference_by_hand(tmp_path):
     """recam3d_start's --baseline: the mean and standard error of this model's clip scores minus the baseline's on
-    the same clips; a baseline read on other seeds, or without its clip scores, is refused."""
+    the same clips; a baseline read on other seeds, rooms, amplitude or estimator options, or without its clip scores,
+    is refused."""
     import json
 
     from benchmarks.recam3d_start import paired_difference
@@ -311,3 +312,14 @@ def test_start_paired_difference_by_hand(tmp_path):
     base.write_text(json.dumps(dict(model="m", seeds=[0, 1])))
     with pytest.raises(SystemExit, match="0 clip scores"):
         paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1])
+    # a baseline read on other rooms, at another amplitude or with other estimator options is refused; one whose
+    # file does not record a setting (written before it was kept) is not checked on it
+    base.write_text(json.dumps(dict(model="m", seeds=[0, 1], rooms="heldout", amplitude=1.0,
+                                    estimator_kwargs={"iters": 2}, clip_scores=[0.1, 0.5, 0.2, 0.0])))
+    same = dict(rooms="heldout", amplitude=1.0, estimator_kwargs={"iters": 2})
+    assert paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
+    for key, other in (("rooms", "pretrain"), ("amplitude", 2.0), ("estimator_kwargs", {})):
+        with pytest.raises(SystemExit, match=f"read with {key}"):
+            paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **dict(same, **{key: other}))
+    base.write_text(json.dumps(dict(model="m", seeds=[0, 1], clip_scores=[0.1, 0.5, 0.2, 0.0])))
+    assert paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
