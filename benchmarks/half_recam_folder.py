@@ -9,7 +9,8 @@ encoder, tokenizer and scheduler are copied as they are. Loading is unchanged: `
 run's dtype (float32 on a CPU) and copies the checkpoint's tensors in, so only the weights' rounding differs
 (tests/test_half_recam_folder.py bounds what that does to a denoiser output). `pretrain_meta.json` gains
 `dit_dtype` and, with --parents, `lineage`: each parent stage's own pretrain_meta.json, oldest first, so a bundled
-start made in several stages keeps every command that made it."""
+start made in several stages keeps every command that made it (a parent that has a lineage of its own, such as an
+earlier bundled start trained on, brings it in front of itself)."""
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,9 @@ def half_folder(src: str, dst: str, parents=()) -> str:
     meta = json.load(open(meta_path))
     meta["dit_dtype"] = "float16"
     if metas:
-        meta["lineage"] = [dict(m, lineage=None) if "lineage" in m else m for m in metas]
+        # a parent that is itself a halved folder (a bundled start trained on) brings its own lineage before it
+        meta["lineage"] = [stage for m in metas for stage in [*(m.get("lineage") or []),
+                                                               {k: v for k, v in m.items() if k != "lineage"}]]
     with open(meta_path, "w") as f:
         json.dump(meta, f, indent=1)
     shutil.rmtree(dst, ignore_errors=True)

@@ -50,6 +50,21 @@ def test_the_copy_holds_the_float16_rounding_of_every_dit_tensor(halved):
     assert not os.path.exists(dst + ".tmp")
 
 
+def test_a_parent_with_a_lineage_of_its_own_brings_it(halved, tmp_path):
+    """A stage trained on from a halved folder (a bundled start) and halved again: its lineage is the parent's
+    lineage, then the parent itself, oldest first, so every stage's command is kept once."""
+    from half_recam_folder import half_folder
+
+    src, dst = halved
+    child = tmp_path / "child"
+    shutil.copytree(src, child)
+    (child / "pretrain_meta.json").write_text(json.dumps({"dit_steps": 5, "args": {"dit_init": str(dst)}}))
+    meta = json.load(open(os.path.join(half_folder(str(child), str(tmp_path / "out"), [dst]), "pretrain_meta.json")))
+    assert meta["dit_steps"] == 5
+    parent = {"dit_steps": 3, "args": {"dit_init": str(src.parent / "parent")}, "dit_dtype": "float16"}
+    assert meta["lineage"] == [{"dit_steps": 7, "args": {"mislabel": "none"}}, parent]
+
+
 def test_the_halved_folder_loads_in_float32_and_denoises_within_rounding(halved, pipe):  # noqa: F811
     from diffusers import WanTransformer3DModel
 
