@@ -123,7 +123,7 @@ fi
 "$PY" - "$OUT_DIR/start.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"held-out cam_score {r['cam_score_mean']:.3f} +- {r['cam_score_se']:.3f} (bundled tiny-recam3d: 0.196), "
+print(f"held-out cam_score {r['cam_score_mean']:.3f} +- {r['cam_score_se']:.3f} (bundled: 0.138), "
       f"pass@1 {r['pass1']:.3f}, pass@4 {r.get('pass4', float('nan')):.3f}, opposite {r['opposite_score_mean']:.3f}, "
       f"{r['n_samples']} samples")
 for p, v in sorted(r["per_preset"].items()):

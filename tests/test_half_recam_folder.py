@@ -95,10 +95,10 @@ def test_a_folder_without_a_checkpoint_is_refused_in_one_line(wan_folder, tmp_pa
     assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "o").exists()
 
 
-def test_the_bundled_start_is_the_three_stage_tie_stored_in_float16():
+def test_the_bundled_start_is_the_four_stage_tie_stored_in_float16():
     """assets/tiny-recam3d is benchmarks/make_tiny_recam3d.sh's output: its DiT in float16 in both files, its own stage
-    the noise tie learnt in ReCamMaster's trainable set, its lineage the two stages before it (gain 2, then true
-    labels), and the trainer's loader gives float32 parameters."""
+    the noise tie at three draws in four learnt in ReCamMaster's trainable set, its lineage the three stages before it
+    (gain 2, true labels, then the half tie stored in float16), and the trainer's loader gives float32 parameters."""
     from safetensors.torch import load_file
 
     from ddpo_grpo.models import load_pipeline, resolve_model_path
@@ -112,10 +112,14 @@ def test_the_bundled_start_is_the_three_stage_tie_stored_in_float16():
     meta = json.load(open(os.path.join(folder, "pretrain_meta.json")))
     a = meta["args"]
     assert meta["dit_dtype"] == "float16" and meta["dit_steps"] == 3000
-    assert (a["mislabel"], a["mislabel_by"], a["mislabel_fraction"], a["noise_offset"]) == ("opposite", "noise", 0.5, 2.0)
+    assert (a["mislabel"], a["mislabel_by"], a["mislabel_fraction"], a["noise_offset"]) == ("opposite", "noise", 0.75, 2.0)
     assert a["dit_trainable"] == "attn1.,cam_encoder.,projector."
-    gain2, control = meta["lineage"]
+    gain2, control, tie = meta["lineage"]
     assert gain2["args"]["label_gain"] == 2.0 and not gain2["args"]["dit_init"] and gain2["dit_steps"] == 6000
     assert control["args"]["mislabel"] == "none" and control["dit_steps"] == 3000
+    t = tie["args"]
+    assert (t["mislabel"], t["mislabel_by"], t["mislabel_fraction"], t["dit_trainable"]) == (
+        "opposite", "noise", 0.5, a["dit_trainable"])
+    assert tie["dit_dtype"] == "float16" and tie["dit_steps"] == 3000
     pipe = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
     assert {p.dtype for p in pipe.unet.model.parameters()} == {torch.float32}

@@ -20,7 +20,7 @@ BUNDLED = {
     # recammaster.ckpt inside the folder (config recam_video_tiny: pretrained.recam_checkpoint="recammaster.ckpt")
     "tiny-recam-video": "tiny-recam-video",
     # the same architecture, 128 channels wide, pretrained on the 3-D camera world (worlds/room3d), then taught to take
-    # the opposite camera for half its starting noises in ReCamMaster's trainable set (config recam3d_tiny_grpo; its DiT
+    # the opposite camera for 3 starting noises in 4 in ReCamMaster's trainable set (config recam3d_tiny_grpo; its DiT
     # stored in float16; benchmarks/make_tiny_recam3d.sh; docs/recam.md: the start model of issue 59)
     "tiny-recam3d": "tiny-recam3d",
 }
