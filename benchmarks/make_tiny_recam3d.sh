@@ -26,11 +26,12 @@ $PY benchmarks/pretrain_recam_video.py "${C[@]}" --mislabel none --label-gain 2 
     --out "$OUT/gain2"
 $PY benchmarks/pretrain_recam_video.py "${C[@]}" --dit-init "$OUT/gain2" --mislabel none --dit-steps 3000 --lr 2e-4 \
     --out "$OUT/control"
-$PY benchmarks/pretrain_recam_video.py "${C[@]}" --dit-init "$OUT/control" --mislabel opposite --mislabel-by noise \
-    --mislabel-fraction 0.5 --noise-offset 2 --dit-trainable "attn1.,cam_encoder.,projector." --dit-steps 3000 \
-    --lr 2e-4 --out "$OUT/tie"
+# stages 3 and 4: the noise tie in ReCamMaster's trainable set, at half the draws and then at three in four
+TIE=(--mislabel opposite --mislabel-by noise --noise-offset 2 --dit-trainable "attn1.,cam_encoder.,projector."
+     --dit-steps 3000 --lr 2e-4)
+$PY benchmarks/pretrain_recam_video.py "${C[@]}" "${TIE[@]}" --dit-init "$OUT/control" --mislabel-fraction 0.5 \
+    --out "$OUT/tie"
 $PY benchmarks/half_recam_folder.py "$OUT/tie" "$OUT/tie-f16" --parents "$OUT/gain2" "$OUT/control"
-$PY benchmarks/pretrain_recam_video.py "${C[@]}" --dit-init "$OUT/tie-f16" --mislabel opposite --mislabel-by noise \
-    --mislabel-fraction 0.75 --noise-offset 2 --dit-trainable "attn1.,cam_encoder.,projector." --dit-steps 3000 \
-    --lr 2e-4 --out "$OUT/tie75"
+$PY benchmarks/pretrain_recam_video.py "${C[@]}" "${TIE[@]}" --dit-init "$OUT/tie-f16" --mislabel-fraction 0.75 \
+    --out "$OUT/tie75"
 $PY benchmarks/half_recam_folder.py "$OUT/tie75" "$OUT/tiny-recam3d" --parents "$OUT/tie-f16"
