@@ -1,4 +1,9 @@
+import os
+import runpy
+
 from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # assets/<name>: the models named in ddpo_grpo.models.BUNDLED (not pretraining snapshots next to them).
 BUNDLED_MODELS = ("tiny-t2i", "tiny-t2i-noisy", "tiny-flow", "tiny-recam", "tiny-recam-video", "tiny-recam3d")
@@ -46,24 +51,6 @@ setup(
         # Ascend NPU: torch_npu is pinned to the torch release; it also needs Huawei's CANN libraries.
         "npu": ["torch_npu==2.13.0"],
     },
-    entry_points={
-        "ddpo_grpo.rewards": [
-            # The worlds' rewards are plugins, as a user's would be (ddpo_grpo.rewards imports no world).
-            "toyworld = ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward",
-            "colour_share = ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward",  # hackable proxy (docs/hacking.md)
-            "cam_score = ddpo_grpo.worlds.recam.cam_score:make_cam_score",
-            "unifiedscore = ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore",
-            "cam_margin = ddpo_grpo.worlds.room3d.reward:make_cam_margin",  # requested - opposite (docs/recam.md)
-            "view_match = ddpo_grpo.worlds.room3d.reward:make_view_match",  # looks like the requested render (docs)
-        ],
-        # model_index.json `_class_name` -> its adapter (models/registry.py): ours are registered as a user's plugin
-        # would be (docs/models.md). models.recam is chosen by pretrained.recam_checkpoint, not by a class name.
-        "ddpo_grpo.models": [
-            "StableDiffusionPipeline = ddpo_grpo.models.sd:ADAPTER",
-            "StableDiffusionXLPipeline = ddpo_grpo.models.sdxl:ADAPTER",
-            "StableDiffusion3Pipeline = ddpo_grpo.models.sd3:ADAPTER",
-            "FluxPipeline = ddpo_grpo.models.flux:ADAPTER",
-            "WanPipeline = ddpo_grpo.models.wan:ADAPTER",
-        ],
-    },
+    # ddpo_grpo/plugins.py: the one list (its registries read it there too when ddpo_grpo is not installed)
+    entry_points=runpy.run_path(os.path.join(HERE, "ddpo_grpo", "plugins.py"))["setup_entry_points"](),
 )

@@ -15,8 +15,12 @@
 #                                        # its defaults from FOLDER, seeds GRPO_SEEDS (42 1 2) side by side: the issue's
 #                                        # three curves (grpo.json, grpo_seedS.log, grpo/seedS/ with each export)
 #
-# Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu/ (the model
-# folder, saved from the CPU so that it loads here), pretrain.log, start.json, start.log. Environment:
+# Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu-f16.tar (the
+# model folder with its DiT in float16, as assets/tiny-recam3d is bundled: benchmarks/half_recam_folder.py; ~9 MB, one
+# file, written as soon as pretraining ends, so that it comes back whatever follows: the runner returns 8 files of
+# at most 16 MiB, and the float32 folder is 12 files, 17 MB), pretrain.log, start.json, start.log; --grpo:
+# grpo.json, grpo_seedS.log, grpo_summaries.tar. The float32 folder and the runs (WORK: $OUT on a --dry-run, else
+# /tmp/gpu_recam3d) stay on the device. Unpack here with `tar -xf tiny-recam3d-gpu-f16.tar -C runs/`. Environment:
 # DIT_SECONDS, POOL (4000), DIT_BATCH (256), DIT_LR (5e-4), DIT_ARGS (default "--dit-layers 8 --dit-heads 8
 # --dit-ffn 256 --cam-lr-mult 10"; with DIT_ARGS="--dit-init assets/tiny-recam3d --dit-heads 8 --dit-ffn 256"
 # DIT_LR=2e-4 it trains the bundled 4-block DiT on), WORKERS (the estimator's processes, 12).
@@ -58,6 +62,16 @@ else
         || { echo "error: no CUDA device (scripts/gpu_recam3d.sh --dry-run runs on the CPU)" >&2; exit 2; }
 fi
 
+WORK=$OUT_DIR
+[ "$DRY" = 1 ] || WORK=${GPU_RECAM3D_WORK:-/tmp/gpu_recam3d}
+mkdir -p "$WORK"
+# the model adapters and cam_score are ddpo_grpo's entry points; a checkout on PYTHONPATH finds them too
+# (ddpo_grpo/plugins.py), so say it in one line here rather than after minutes of pretraining
+"$PY" -c "from ddpo_grpo.models.registry import supported_classes; from ddpo_grpo.rewards.registry import \
+available_rewards; import sys; sys.exit(0 if 'WanPipeline' in supported_classes() and 'cam_score' in \
+available_rewards() else 1)" 2>/dev/null \
+    || { echo "error: ddpo_grpo's WanPipeline adapter or cam_score reward cannot be found from $PY" >&2; exit 2; }
+
 if [ -n "$GRPO_FROM" ]; then
     # Stage 2: recam3d_tiny_grpo with its defaults from the folder, one trainer per seed side by side (the DiT on the
     # device, cam_score's exact estimator on nproc / seeds worker processes each), then each seed's held-out curve.
@@ -75,7 +89,7 @@ if [ -n "$GRPO_FROM" ]; then
     for s in "${SEEDS[@]}"; do
         OMP_NUM_THREADS=$TORCH_THREADS "$PY" scripts/train.py --config config/grpo.py:recam3d_tiny_grpo \
             --config.seed="$s" --config.pretrained.model="$GRPO_FROM" --config.logging.wandb=False \
-            --config.logging.tensorboard=False --config.logdir="$OUT_DIR/grpo" --config.run_name="seed$s" \
+            --config.logging.tensorboard=False --config.logdir="$WORK/grpo" --config.run_name="seed$s" \
             --config.save_freq=0 --config.reward.kwargs.cam_score.workers="$WORKERS_EACH" ${SHRINK[@]+"${SHRINK[@]}"} \
             > "$OUT_DIR/grpo_seed$s.log" 2>&1 &
         pids+=($!)
@@ -85,13 +99,13 @@ if [ -n "$GRPO_FROM" ]; then
         wait "${pids[$i]}" || { failed=1; echo "seed ${SEEDS[$i]} failed; the end of $OUT_DIR/grpo_seed${SEEDS[$i]}.log:" >&2
                                 tail -n 20 "$OUT_DIR/grpo_seed${SEEDS[$i]}.log" >&2; }
     done
-    "$PY" - "$OUT_DIR" "$GRPO_FROM" "${SEEDS[@]}" <<'EOF'
+    "$PY" - "$OUT_DIR" "$WORK" "$GRPO_FROM" "${SEEDS[@]}" <<'EOF'
 import json, os, sys
 from benchmarks.bench_efficacy import curve as eval_curve, run_history  # the efficacy bench's reading of a run
-out, folder, seeds = sys.argv[1], sys.argv[2], sys.argv[3:]
+out, work, folder, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 res = {"model": folder, "seeds": {}}
 for s in seeds:
-    path = os.path.join(out, "grpo", f"seed{s}", "summary.json")
+    path = os.path.join(work, "grpo", f"seed{s}", "summary.json")
     if not os.path.exists(path):
         print(f"seed {s}: no summary ({path})")
         continue
@@ -102,6 +116,8 @@ for s in seeds:
     print(f"seed {s}: held-out cam_score " + " -> ".join(f"{v:.3f} (epoch {e})" for e, v in curve) + f"; gain {gain:+.3f}")
 json.dump(res, open(os.path.join(out, "grpo.json"), "w"), indent=1)
 EOF
+    tar -C "$WORK" -cf "$OUT_DIR/grpo_summaries.tar" $(cd "$WORK" && ls grpo/seed*/summary.json 2>/dev/null) \
+        || echo "no summaries to pack" >&2
     exit $failed
 fi
 DIT_ARGS=${DIT_ARGS:---dit-layers 8 --dit-heads 8 --dit-ffn 256 --cam-lr-mult 10}
@@ -109,7 +125,7 @@ DIT_ARGS=${DIT_ARGS:---dit-layers 8 --dit-heads 8 --dit-ffn 256 --cam-lr-mult 10
 "$PY" benchmarks/pretrain_recam_video.py --world room3d --height 32 --width 48 --frames 9 --supersample 2 \
     --mislabel opposite --mislabel-fraction 0.25 --pool "$POOL" --threads "$THREADS" --vae-from assets/tiny-recam3d \
     $DIT_ARGS --dit-steps 1000000 --dit-seconds "$SECONDS_" --batch "${DIT_BATCH:-256}" --lr "${DIT_LR:-5e-4}" \
-    --snapshot-every 1000000 --device "$DEVICE" --out "$OUT_DIR/tiny-recam3d-gpu" > "$OUT_DIR/pretrain.log" 2>&1
+    --snapshot-every 1000000 --device "$DEVICE" --out "$WORK/tiny-recam3d-gpu" > "$OUT_DIR/pretrain.log" 2>&1
 rc=$?
 grep -E "^(room3d pool|pool|latents|dit [0-9]+/|saved)" "$OUT_DIR/pretrain.log" | tail -n 12
 if [ $rc -ne 0 ]; then
@@ -117,7 +133,11 @@ if [ $rc -ne 0 ]; then
     tail -n 20 "$OUT_DIR/pretrain.log" >&2
     exit 1
 fi
-"$PY" benchmarks/recam3d_start.py --model "$OUT_DIR/tiny-recam3d-gpu" --workers "${WORKERS:-12}" \
+rm -rf "$WORK/f16" && mkdir -p "$WORK/f16" \
+    && "$PY" benchmarks/half_recam_folder.py "$WORK/tiny-recam3d-gpu" "$WORK/f16/tiny-recam3d-gpu-f16" >/dev/null \
+    && tar -C "$WORK/f16" -cf "$OUT_DIR/tiny-recam3d-gpu-f16.tar" tiny-recam3d-gpu-f16 \
+    || { echo "packing the folder failed" >&2; exit 1; }
+"$PY" benchmarks/recam3d_start.py --model "$WORK/tiny-recam3d-gpu" --workers "${WORKERS:-12}" \
     --estimator-kwargs '{"sigmas": [0.05, 0.02], "iters": 2}' ${LIMIT[@]+"${LIMIT[@]}"} \
     --out "$OUT_DIR/start.json" > "$OUT_DIR/start.log" 2>&1 || { tail -n 20 "$OUT_DIR/start.log" >&2; exit 1; }
 "$PY" - "$OUT_DIR/start.json" <<'EOF'

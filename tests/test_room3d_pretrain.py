@@ -178,7 +178,8 @@ def test_training_noise_levels_are_shifted_towards_noise_by_hand():
 def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_measures(tmp_path):
     """scripts/gpu_recam3d.sh --dry-run with its defaults: the device command's two stages on the CPU. A fresh 8-block
     DiT 128 channels wide with its camera layers at 10 x the lr (the default variant) trains until --dit-seconds ends
-    its schedule (the folder, not a snapshot, is saved, with the steps it ran), the folder loads with plain diffusers
+    its schedule (the folder, not a snapshot, is saved, with the steps it ran, and packed in float16 into the one tar
+    that comes back from the device), the folder loads with plain diffusers
     with 8 blocks of 8 heads, its ReCamMaster checkpoint holds CPU tensors: the bundled DiT's keys and shapes block
     for block (the bundled DiT is as wide, with 4 blocks), camera layers for all 8 blocks, and recam3d_start's
     measurement is written."""
@@ -220,6 +221,16 @@ def test_gpu_recam3d_dry_run_trains_a_fresh_8_block_dit_saves_on_the_cpu_and_mea
     start = json.loads((tmp_path / "start.json").read_text())
     assert start["n_samples"] == 2 and 0.0 <= start["cam_score_mean"] <= 1.0
     assert "held-out cam_score" in proc.stdout
+    # what comes back from the device: one tar of the folder with its DiT in float16, the same tensors rounded
+    import tarfile
+
+    with tarfile.open(tmp_path / "tiny-recam3d-gpu-f16.tar") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    half = torch.load(tmp_path / "back" / "tiny-recam3d-gpu-f16" / "recammaster.ckpt", weights_only=True)
+    assert set(half) == set(new) and all(v.dtype == torch.float16 for v in half.values())
+    assert all(torch.equal(half[k], new[k].half()) for k in new)
+    assert json.loads((tmp_path / "back" / "tiny-recam3d-gpu-f16" / "pretrain_meta.json").read_text())["dit_dtype"] \
+        == "float16"
 
 
 def test_gpu_recam3d_grpo_stage_dry_run_trains_each_seed_and_prints_its_curve(tmp_path):
@@ -244,6 +255,10 @@ def test_gpu_recam3d_grpo_stage_dry_run_trains_each_seed_and_prints_its_curve(tm
         assert all(0.0 <= v <= 1.0 for _, v in curve)
         assert (tmp_path / "grpo" / f"seed{seed}" / "export" / "recammaster.ckpt").is_file()
         assert f"seed {seed}: held-out cam_score" in proc.stdout
+    import tarfile
+
+    with tarfile.open(tmp_path / "grpo_summaries.tar") as tar:  # what comes back from the device: the summaries
+        assert sorted(tar.getnames()) == sorted(f"grpo/seed{s}/summary.json" for s in ("42", "1"))
     bad = subprocess.run(["bash", "scripts/gpu_recam3d.sh", "--dry-run", "--grpo", str(tmp_path)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no recammaster.ckpt" in bad.stderr

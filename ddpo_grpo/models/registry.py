@@ -1,7 +1,8 @@
 """Which adapter loads a model folder: model_index.json's `_class_name` -> a ModelAdapter, through the entry-point
 group ``ddpo_grpo.models`` (the name a pipeline class as model_index.json spells it, the value the adapter object).
 
-The in-package adapters are registered there too, in setup.py, exactly as a user's package would register its own::
+The in-package adapters are registered there too (setup.py, from ddpo_grpo/plugins.py's list), exactly as a user's
+package would register its own::
 
     entry_points={"ddpo_grpo.models": ["MyCamPipeline = my_pkg.adapter:ADAPTER"]}
 
@@ -9,7 +10,8 @@ so an architecture comes in with one entry point and no change here (docs/models
 entry point of the folder's class is imported: a plugin that fails to import stops a run of its own class, in one
 ConfigError line naming it, and no other. Where two distributions declare one class, ddpo_grpo's own wins (as
 built-in rewards win over reward plugins), then the first on sys.path (as imports do). `register` adds one in this
-process (tests, notebooks) and wins over both. models.recam is not here: pretrained.recam_checkpoint chooses it over a
+process (tests, notebooks) and wins over both. A checkout run without installing ddpo_grpo (no distribution: e.g. on
+PYTHONPATH on a lent device) finds its own adapters in plugins.py's list instead. models.recam is not here: pretrained.recam_checkpoint chooses it over a
 WanPipeline folder (models.model_adapter).
 """
 from __future__ import annotations
@@ -20,11 +22,11 @@ import os
 from typing import Dict, List, Optional
 
 from ddpo_grpo.errors import ConfigError
+from ddpo_grpo.plugins import DISTRIBUTION as OWN_DISTRIBUTION, uninstalled_entry_points
 
 from .adapter import ModelAdapter
 
 ENTRY_POINT_GROUP = "ddpo_grpo.models"
-OWN_DISTRIBUTION = "ddpo_grpo"
 DEFAULT_CLASS = "StableDiffusionPipeline"  # a folder without model_index.json (the bundled models, older SD folders)
 
 _REGISTERED: Dict[str, object] = {}  # register(): pipeline class -> adapter, this process only
@@ -42,6 +44,8 @@ def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         mine = _dist_name(ep).replace("-", "_").lower() == OWN_DISTRIBUTION
         (own if mine else others).setdefault(ep.name, ep)
+    for ep in uninstalled_entry_points(ENTRY_POINT_GROUP):  # a checkout run without installing it: plugins.py's list
+        own.setdefault(ep.name, ep)
     return {**others, **own}
 
 

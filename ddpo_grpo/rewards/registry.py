@@ -6,7 +6,8 @@ through the entry-point group ``ddpo_grpo.rewards``, e.g. in a plugin's setup.py
 
     entry_points={"ddpo_grpo.rewards": ["my_reward = my_pkg.rewards:make_my_reward"]}
 
-Built-ins win over entry points of the same name.
+Built-ins win over entry points of the same name. The worlds' rewards are ddpo_grpo's own entry points
+(ddpo_grpo/plugins.py's list, which setup.py declares; a checkout run without installing ddpo_grpo reads the list).
 
 Video (samples of frames (B, F, C, H, W)): a reward function scores still images by default; `RewardFn` then
 scores every frame (frames flattened to (B*F, C, H, W), each sample's prompt and metadata repeated F times) and
@@ -26,6 +27,7 @@ RewardFactory = Callable[..., Callable]
 
 
 from ddpo_grpo.errors import ConfigError  # noqa: E402  (one ConfigError for the whole project)
+from ddpo_grpo.plugins import uninstalled_entry_points  # noqa: E402  (ddpo_grpo's own, when it is not installed)
 
 
 class RewardError(RuntimeError):
@@ -65,6 +67,8 @@ def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
     out: Dict[str, importlib.metadata.EntryPoint] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         out.setdefault(ep.name, ep)  # first on sys.path wins, like imports
+    for ep in uninstalled_entry_points(ENTRY_POINT_GROUP):  # a checkout run without installing it: plugins.py's list
+        out.setdefault(ep.name, ep)
     return out
 
 
