@@ -51,13 +51,15 @@ fi
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT_DIR=${OUT:-bench_results/gpu_recam3d}
+BASELINE=${BASELINE:-docs/recam3d_start_s47.json}  # the bundled start's read (256 clips, its clip scores kept)
 mkdir -p "$OUT_DIR"
 if [ "$DRY" = 1 ]; then
-    DEVICE=cpu SECONDS_=${DIT_SECONDS:-5} POOL=16 THREADS=1 LIMIT=(--limit 2 --seeds 0)
+    DEVICE=cpu SECONDS_=${DIT_SECONDS:-5} POOL=16 THREADS=1 MEASURE=(--limit 2 --seeds 0)
 else
     # a pool of 4000 (the bundled DiT's 1000 begin to be learnt by heart after ~12,000 more steps of 16 on the CPU:
     # docs/recam_log.md, ninth session), rendered by every core in under a minute
-    DEVICE=cuda SECONDS_=${DIT_SECONDS:-150} POOL=${POOL:-4000} THREADS=$(nproc) LIMIT=()
+    # the measurement pairs each clip with the bundled start's read of it (recam3d_start.py --baseline)
+    DEVICE=cuda SECONDS_=${DIT_SECONDS:-150} POOL=${POOL:-4000} THREADS=$(nproc) MEASURE=(--baseline "$BASELINE")
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 2)" \
         || { echo "error: no CUDA device (scripts/gpu_recam3d.sh --dry-run runs on the CPU)" >&2; exit 2; }
 fi
@@ -138,12 +140,14 @@ rm -rf "$WORK/f16" && mkdir -p "$WORK/f16" \
     && tar -C "$WORK/f16" -cf "$OUT_DIR/tiny-recam3d-gpu-f16.tar" tiny-recam3d-gpu-f16 \
     || { echo "packing the folder failed" >&2; exit 1; }
 "$PY" benchmarks/recam3d_start.py --model "$WORK/tiny-recam3d-gpu" --workers "${WORKERS:-12}" \
-    --estimator-kwargs '{"sigmas": [0.05, 0.02], "iters": 2}' ${LIMIT[@]+"${LIMIT[@]}"} \
+    --estimator-kwargs '{"sigmas": [0.05, 0.02], "iters": 2}' ${MEASURE[@]+"${MEASURE[@]}"} \
     --out "$OUT_DIR/start.json" > "$OUT_DIR/start.log" 2>&1 || { tail -n 20 "$OUT_DIR/start.log" >&2; exit 1; }
-"$PY" - "$OUT_DIR/start.json" <<'EOF'
+"$PY" - "$OUT_DIR/start.json" "$BASELINE" <<'EOF'
 import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"held-out cam_score {r['cam_score_mean']:.3f} +- {r['cam_score_se']:.3f} (bundled: 0.138), "
+r, base = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+pair = f", paired {r['paired']['mean']:+.3f} +- {r['paired']['se']:.3f}" if "paired" in r else ""
+print(f"held-out cam_score {r['cam_score_mean']:.3f} +- {r['cam_score_se']:.3f} (bundled: "
+      f"{base['cam_score_mean']:.3f}{pair}), "
       f"pass@1 {r['pass1']:.3f}, pass@4 {r.get('pass4', float('nan')):.3f}, opposite {r['opposite_score_mean']:.3f}, "
       f"{r['n_samples']} samples")
 for p, v in sorted(r["per_preset"].items()):
