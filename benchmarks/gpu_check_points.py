@@ -14,8 +14,9 @@ from benchmarks.bench_gpu_point import count_flops
 # checks each choice against the plan). recam: 33 frames instead of its config's 81 (the 81-frame source + target
 # clip is ~38 k tokens a row: one training step-sample alone is tens of seconds); 33 is Wan's config's count. And
 # recam's rewards are jpeg_compressibility, the other five's: its config's unifiedscore asks a reward server
-# (127.0.0.1:30000) that a GPU check host does not run, and cam_score is an entry-point plugin, which a checkout on
-# PYTHONPATH without `pip install` does not register. The reward runs beside the denoiser (a thread pool) either way.
+# (127.0.0.1:30000) that a GPU check host does not run, and cam_score would time its camera estimator on the host's
+# CPUs, not the trainer (a checkout on PYTHONPATH finds it since ddpo_grpo/plugins.py). The reward runs beside the
+# denoiser (a thread pool) either way.
 GPU_CHECK_MEMORY_GIB = 80.0
 GPU_CHECK_CONDITIONS = 8  # training conditions (prompts) of a gpu check run: gpu_check_config says why
 GPU_CHECK = {
