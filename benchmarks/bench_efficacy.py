@@ -11,6 +11,7 @@ import json
 import os
 from typing import Dict, List, Optional
 
+from benchmarks import refuse  # a refusal: one line, exit 2
 from benchmarks.bench_plots import plot_efficacy
 from benchmarks.bench_report import fmt, say
 from benchmarks.bench_runs import measure_trainer, pretrained_eval
@@ -73,7 +74,7 @@ def efficacy_jobs(configs: List[str], seeds: List[int]) -> List[tuple]:
             label = name if len(seeds) <= 1 else f"{name}_s{seed}"
             jobs.append((label, config, [] if seed is None else [f"seed={seed}"]))
     if len({j[0] for j in jobs}) != len(jobs):
-        raise SystemExit("--efficacy-configs: two configs share a name; each run needs its own label")
+        refuse("--efficacy-configs: two configs share a name; each run needs its own label")
     return jobs
 
 
@@ -134,7 +135,7 @@ def run_history(run_dir: str) -> tuple:
     try:
         ckpt = resolve_resume(run_dir)  # the trainer's own rule: the newest complete checkpoint, never a .tmp- one
     except ConfigError:
-        raise SystemExit(f"--efficacy-runs: {run_dir} has neither summary.json nor a checkpoint") from None
+        refuse(f"--efficacy-runs: {run_dir} has neither summary.json nor a checkpoint")
     # custom_checkpoint_0.pkl is the RunState's state dict (trainer/run/build.py registers it first with accelerate)
     state_path = os.path.join(ckpt, "custom_checkpoint_0.pkl")
     state = torch.load(state_path, weights_only=True)  # plain ints, floats, strings and lists

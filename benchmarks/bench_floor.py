@@ -29,6 +29,8 @@ import time
 from contextlib import nullcontext
 from typing import Dict, Optional
 
+from benchmarks import refuse  # a refusal: one line, exit 2
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -352,7 +354,7 @@ def main(argv) -> None:
     elif FLAGS.mode == "interleaved":
         result = interleaved(FLAGS.config, rounds=FLAGS.repeats)
     else:
-        raise SystemExit(f"unknown --mode {FLAGS.mode!r}; choose floor, eval or interleaved")
+        refuse(f"unknown --mode {FLAGS.mode!r}; choose floor, eval or interleaved")
     text = json.dumps(result, indent=1)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:

@@ -12,6 +12,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks import refuse  # a refusal: one line, exit 2
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184"}  # = Makefile's CPU_MALLOC
 PHASES = ("sampling", "reward", "advantages", "verification", "training", "eval")
@@ -91,7 +93,7 @@ def normalize_overrides(items: Sequence[str]) -> List[str]:
         item = item[2:] if item.startswith("--") else item
         item = item[len("config."):] if item.startswith("config.") else item
         if "=" not in item:
-            raise SystemExit(f"--set {item!r}: expected key=value, e.g. --set train.beta=0.01")
+            refuse(f"--set {item!r}: expected key=value, e.g. --set train.beta=0.01")
         out.append(item)
     return out
 

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import refuse  # noqa: E402  (a refusal: one line, exit 2)
 
 from ddpo_grpo.models.recam import EXPORT_CHECKPOINT, RecamDenoiser, add_camera_layers, camera_planes, original_state  # noqa: E402
 from ddpo_grpo.models.wan import build_umt5_tokenizer, wan_scheduler_config  # noqa: E402
@@ -204,7 +205,7 @@ def main() -> None:
             return {k: list(v) if isinstance(v, tuple) else v for k, v in c.items() if not k.startswith("_")}
 
         if arch(init.config) != arch(transformer.config):
-            raise SystemExit(f"--dit-init {args.dit_init}: its DiT's config differs from "
+            refuse(f"--dit-init {args.dit_init}: its DiT's config differs from "
                              "--dit-heads/-head-dim/-layers/-ffn/-patch's")
         transformer.load_state_dict(init.state_dict())
     transformer.to(device)

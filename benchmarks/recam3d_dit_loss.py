@@ -32,12 +32,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import refuse  # noqa: E402  (a refusal: one line, exit 2)
 
 from benchmarks.pretrain_pools import (mode_threshold, noise_mode, prompt_camera, room3d_clip,  # noqa: E402
                                        room3d_opposite_labels)
 from benchmarks.pretrain_recam_video import shifted_sigma, velocity_error  # noqa: E402
 from ddpo_grpo.core.pipeline_with_logprob import encode_frames  # noqa: E402
-from ddpo_grpo.models import load_pipeline, resolve_model_path  # noqa: E402
+from ddpo_grpo.models import ModelPathError, load_pipeline, resolve_model_path  # noqa: E402
 
 LEVELS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.85), (0.85, 1.0)]  # sigma buckets (the pretraining's shifted draw)
 MODE_SIGMAS = (0.99, 0.96, 0.9, 0.8)  # --mode-gain's levels: where a clip's layout (and so its camera) is decided
@@ -120,14 +121,17 @@ def load_room3d_model(model: str):
     the room3d world; one error line (exit) for a folder without pretrain_meta.json or of the 2-D world."""
     from diffusers import WanPipeline
 
-    folder = resolve_model_path(model)
+    try:
+        folder = resolve_model_path(model)
+    except ModelPathError as e:  # not a model folder at all
+        refuse(str(e))
     meta_file = os.path.join(folder, "pretrain_meta.json")
     if not os.path.isfile(meta_file):
-        raise SystemExit(f"error: {folder} has no pretrain_meta.json (not a folder pretrain_recam_video.py saved)")
+        refuse(f"{folder} has no pretrain_meta.json (not a folder pretrain_recam_video.py saved)")
     with open(meta_file) as f:
         meta = json.load(f)
     if meta["args"].get("world") != "room3d":
-        raise SystemExit(f"error: {folder} was not pretrained on the room3d world")
+        refuse(f"{folder} was not pretrained on the room3d world")
     lp = load_pipeline(folder, recam_checkpoint=os.path.join(folder, "recammaster.ckpt"))
     den, vae = lp.unet.eval(), lp.vae
     pipe = WanPipeline(tokenizer=lp.tokenizer, text_encoder=lp.text_encoder, vae=vae, transformer=den.model,

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import refuse  # noqa: E402  (a refusal: one line, exit 2)
 
 from benchmarks.pretrain_recam_video import predict_velocity, shifted_sigma  # noqa: E402
 from benchmarks.recam3d_dit_loss import load_room3d_model  # noqa: E402
@@ -60,7 +61,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if any(not 0.0 <= s <= 1.0 for s in args.levels):
-        raise SystemExit(f"error: --levels must be in [0, 1], got {args.levels}")
+        refuse(f"--levels must be in [0, 1], got {args.levels}")
     torch.set_num_threads(args.threads)
     folder, _, den, vae, embed = load_room3d_model(args.model)
     with open(os.path.join(folder, "scheduler", "scheduler_config.json")) as f:

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import refuse  # noqa: E402  (a refusal: one line, exit 2)
 
 from benchmarks.pretrain_pools import ROOM3D_SCENE_SEED  # noqa: E402
 from ddpo_grpo.worlds.recam.pose_reward import requested_path  # noqa: E402
@@ -343,11 +344,11 @@ def read_baseline(baseline_json: str, seeds: list, n: int | None = None, **same)
         base = json.load(f)
     got = len(base.get("clip_scores", ()))
     if base.get("seeds") != list(seeds) or not got or (n is not None and got != n):
-        raise SystemExit(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, {got} clip "
+        refuse(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, {got} clip "
                          f"scores; here seeds {list(seeds)}, {'?' if n is None else n})")
     for key, value in same.items():
         if key in base and base[key] != value:
-            raise SystemExit(f"--baseline {baseline_json}: read with {key} {base[key]!r}, here {value!r}")
+            refuse(f"--baseline {baseline_json}: read with {key} {base[key]!r}, here {value!r}")
     return base
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import refuse  # noqa: E402  (a refusal: one line, exit 2)
 
 from ddpo_grpo.core.pipeline_with_logprob import pipeline_with_logprob  # noqa: E402
 from ddpo_grpo.core.policy_step import SamplerSettings  # noqa: E402
@@ -32,7 +33,7 @@ def measure(model: str, conditions: int = 32, copies: int = 8, steps: int = 10, 
     pipe = load_pipeline(model)
     data = RecamConditions(split)
     if conditions > len(data):
-        raise SystemExit(f"--conditions {conditions} exceeds the {len(data)} conditions of split {split!r}")
+        refuse(f"--conditions {conditions} exceeds the {len(data)} conditions of split {split!r}")
     items = [data[i] for i in range(conditions)]
     cond = torch.stack([it["cond_image"] for it in items])
     emb = torch.zeros(conditions, 1, pipe.unet.config.cross_attention_dim)

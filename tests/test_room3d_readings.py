@@ -2,9 +2,12 @@
 recam3d_start's reference scores and amplified cameras, recam3d_readings' motion shown, rotation leans, group spread
 and magnitude reading, recam3d_dit_position's probe and recam3d_from_target's ODE, each against values computed by
 hand."""
+import sys
+
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT
 
 from ddpo_grpo.worlds.room3d.paths import preset_path
 
@@ -307,8 +310,9 @@ def test_start_paired_difference_by_hand(tmp_path):
     assert got["baseline"] == "tiny-recam3d"
     assert got["mean"] == pytest.approx(0.175)
     assert got["se"] == pytest.approx(np.sqrt(((d - 0.175) ** 2).sum() / 3) / 2)
-    with pytest.raises(SystemExit, match="not the same clips"):
+    with pytest.raises(SystemExit, match="not the same clips") as refused:
         paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 2])
+    assert refused.value.code == 2  # a refusal of input exits 2 (benchmarks.refuse), not 1 as a failed run
     base.write_text(json.dumps(dict(model="m", seeds=[0, 1])))
     with pytest.raises(SystemExit, match="0 clip scores"):
         paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1])
@@ -323,3 +327,24 @@ def test_start_paired_difference_by_hand(tmp_path):
             paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **dict(same, **{key: other}))
     base.write_text(json.dumps(dict(model="m", seeds=[0, 1], clip_scores=[0.1, 0.5, 0.2, 0.0])))
     assert paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
+
+
+def test_a_benchmark_refuses_a_folder_in_one_line_with_exit_2(tmp_path):
+    """benchmarks.refuse, as a benchmark's command line sees it: recam3d_dit_loss.py on a folder that is no model, and on
+    one that no pretraining saved, stops before loading anything, with one line on stderr and exit status 2 (a bare
+    SystemExit("...") exits 1, an uncaught ModelPathError with a traceback)."""
+    import subprocess
+
+    def run(folder):
+        return subprocess.run([sys.executable, "benchmarks/recam3d_dit_loss.py", "--model", str(folder)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    p = run(tmp_path)  # not a model folder at all (the library's ModelPathError, as its one line)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr[-2000:]
+    assert p.stderr.startswith(f"error: model path '{tmp_path}' has no model_index.json")
+    (tmp_path / "model_index.json").write_text("{}")
+    (tmp_path / "scheduler").mkdir()
+    p = run(tmp_path)  # a model folder, but not one pretraining saved
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [f"error: {tmp_path} has no pretrain_meta.json (not a folder "
+                                             "pretrain_recam_video.py saved)"]
