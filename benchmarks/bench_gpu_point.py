@@ -142,6 +142,28 @@ class _Denoiser:
             setattr(module, "rescore_old_logprobs", fn)
 
 
+class _TimedReads:
+    """ctx.train_data, with the seconds its reads take: the conditions each sampling batch reads (a world's host
+    render of its source and target clips, a dataset's decode), which the sampling phase's seconds hold beside the
+    denoiser's. Everything else is the dataset's own."""
+
+    def __init__(self, data):
+        self._data, self.seconds = data, 0.0
+
+    def __getitem__(self, i):
+        t0 = time.perf_counter()
+        try:
+            return self._data[i]
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getattr__(self, name):
+        return getattr(self._data, name)
+
+
 def _peaks(device: str) -> tuple:
     """(max allocated, max reserved) MiB since the last reset; (None, None) off CUDA."""
     if device != "cuda":
@@ -169,6 +191,7 @@ def trainer_epoch(config, device: str) -> dict:
     out, epochs, timings = {}, [], []
     with tempfile.TemporaryDirectory() as d:
         ctx = build_context(config, acc, d)
+        ctx.train_data = reads = _TimedReads(ctx.train_data)
         counter = _Denoiser(ctx.unet, device)
         try:
             for epoch in range(2):
@@ -177,9 +200,11 @@ def trainer_epoch(config, device: str) -> dict:
                 ctx.stat_tracker.clear()
                 counter.start_epoch()
                 counter.phase = "sampling"
+                reads.seconds = 0.0
                 _sync(device)
                 t0 = time.perf_counter()
                 samples = sampling.sample_epoch(ctx, epoch)
+                t_sampled = time.perf_counter()
                 rewards = collect_rewards(samples.reward_futures, acc)
                 _sync(device)
                 t1 = time.perf_counter()
@@ -198,14 +223,18 @@ def trainer_epoch(config, device: str) -> dict:
                 epochs.append({k: float(v) for k, v in metrics.items() if _is_number(v)})
                 # "-" where the epoch re-scored (its metric) through a path the wrapper did not see
                 seen = counter._patched and not (epochs[-1].get("old_logprobs_rescored") and not counter.rescore_calls)
+                # the sampling phase's parts that are not the denoiser's: the condition reads, and the wait for
+                # rewards still running when the last batch was sampled (they run beside the denoiser)
                 out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0,
+                       "data_s": reads.seconds, "reward_wait_s": t1 - t_sampled,
                        "samples": int(len(samples.keys)),
                        "rescore_s": counter.rescore_s if seen else None,
                        "rescore_calls": counter.rescore_calls, "rows": dict(counter.rows)}
                 if device == "cuda":  # the epoch's peak is the larger phase's (what the memory plan adds up)
                     out.update(cuda_peak_sampling_mb=sampling_peak[0], cuda_peak_training_mb=training_peak[0],
                                cuda_reserved_sampling_mb=sampling_peak[1], cuda_reserved_training_mb=training_peak[1])
-                timings.append({k: out[k] for k in ("sampling_s", "training_s", "epoch_s", "rescore_s")})
+                timings.append({k: out[k] for k in ("sampling_s", "training_s", "epoch_s", "rescore_s", "data_s",
+                                                    "reward_wait_s")})
         finally:
             counter.close()
         out["epochs_s"] = timings  # [warm-up, timed]: each phase's seconds

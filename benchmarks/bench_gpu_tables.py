@@ -44,7 +44,7 @@ def _fmt(v, fmt=".3f") -> str:
 # ---- gpu_check.sh's table
 
 HEAD = ("| build | B x steps | first sample s (load / move / embed / 1st step) | s/epoch warm-up / timed | "
-        "sampling s (peak GiB alloc / reserved) | training s (peak GiB alloc / reserved) | rescore s (share of "
+        "sampling s (peak GiB alloc / reserved; of it: data reads, reward wait) | training s (peak GiB alloc / reserved) | rescore s (share of "
         "training) | samples/s | MFU sample / train (update alone) | peak GiB alloc / reserved / plan | "
         "worst \\|r-1\\| (tol) | sampler gap max / mean | status |")
 
@@ -66,8 +66,10 @@ def _cells(r: dict, c: dict, peak_tflops: float) -> tuple:
              f" / {num(st.get('embeddings_s'), '.1f')} / {num(st.get('first_step_s'), '.1f')})")
     eps = tr.get("epochs_s") or []
     warm = eps[0].get("epoch_s") if len(eps) > 1 else None
+    parts = ("" if tr.get("data_s") is None else  # (rows written before these were timed: not shown)
+             f"; data {tr['data_s']:.1f}, reward wait {num(tr.get('reward_wait_s'), '.1f')}")
     sampling = (f"{num(tr.get('sampling_s'), '.1f')} ({num(gib(tr.get('cuda_peak_sampling_mb')), '.1f')} / "
-                f"{num(gib(tr.get('cuda_reserved_sampling_mb')), '.1f')})")
+                f"{num(gib(tr.get('cuda_reserved_sampling_mb')), '.1f')}{parts})")
     training = (f"{num(tr.get('training_s'), '.1f')} ({num(gib(tr.get('cuda_peak_training_mb')), '.1f')} / "
                 f"{num(gib(tr.get('cuda_reserved_training_mb')), '.1f')})")
     rs, ts = tr.get("rescore_s"), tr.get("training_s")

@@ -287,6 +287,7 @@ def simulate(kind: str, model: str, out: str, args=None) -> int:
     if kind == "ok":
         err.write(_progress(0, 5, 5) + "\n")
         tr = {"sampling_s": 2.0, "training_s": 4.0, "epoch_s": 6.0, "rescore_s": 1.0, "samples": 8,
+              "data_s": 0.5, "reward_wait_s": 0.2,
               "rows": {"sampling": 160, "train_grad": 80, "rescore": 80},
               "epochs_s": [{"sampling_s": 3.0, "training_s": 5.0, "epoch_s": 8.0, "rescore_s": 1.2},
                            {"sampling_s": 2.0, "training_s": 4.0, "epoch_s": 6.0, "rescore_s": 1.0}],

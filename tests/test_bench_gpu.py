@@ -233,7 +233,10 @@ def test_a_built_model_runs_one_point_end_to_end_on_cpu(monkeypatch):
     rows = tr["rows"]
     assert rows["sampling"] == 24 and rows["train_grad"] == 16 and rows["train_nograd"] == 8
     assert rows.get("rescore", 0) == 16 * tr["rescore_calls"] and tr["rescore_s"] >= 0
-    assert [set(e) for e in tr["epochs_s"]] == [{"sampling_s", "training_s", "epoch_s", "rescore_s"}] * 2
+    assert [set(e) for e in tr["epochs_s"]] == [{"sampling_s", "training_s", "epoch_s", "rescore_s", "data_s",
+                                                 "reward_wait_s"}] * 2
+    # the sampling phase's non-denoiser parts: the condition reads (the tiny SD3's prompts: ~0) and the reward wait
+    assert 0 <= tr["data_s"] < tr["sampling_s"] and 0 <= tr["reward_wait_s"] < tr["sampling_s"]
     # training MFU: every training-phase call's FLOPs over the whole training phase; the update alone over it less
     # the rescore's seconds
     fwd, train = row["flops_fwd_row"], row["flops_train_row"]

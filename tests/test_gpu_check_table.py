@@ -54,8 +54,8 @@ def test_every_simulated_failure_still_prints_the_whole_table(tmp_path):
     assert ok == "ok"
     # the stand-in's row: 160 / 80 / 80 rows at 1 / 2.5 / 1 TFLOPs (counts.json) in 2 s and 4 s (1 s of rescore):
     # MFU 1e12 x 160 / 2 / 989e12 = 0.081; (2.5e12 x 80 + 1e12 x 80) / 4 / 989e12 = 0.071; update 2e14 / 3 s = 0.067
-    assert rows[0] == ("| sd15-random | 8 x 10 | 2.4 (1.2 / 0.3 / 0.4 / 0.5) | 8.0 / 6.0 | 2.0 (9.0 / 10.0) | "
-                       "4.0 (9.5 / 11.0) | 1.0 (25 %) | 4.00 | 0.081 / 0.071 (0.067) | 9.5 / 11.0 / 10.0 | "
+    assert rows[0] == ("| sd15-random | 8 x 10 | 2.4 (1.2 / 0.3 / 0.4 / 0.5) | 8.0 / 6.0 | "
+                       "2.0 (9.0 / 10.0; data 0.5, reward wait 0.2) | 4.0 (9.5 / 11.0) | 1.0 (25 %) | 4.00 | 0.081 / 0.071 (0.067) | 9.5 / 11.0 / 10.0 | "
                        "0.0e+00 (5e-05) | 4.8e-03 / 2.9e-04 | ok |")
     bar = "epoch 0: sampling — prompts «café»:  40%|████      | 2/5 [00:02<00:03]"
     assert hang == f"FAILED (time-out): no row within its 3 s time-out, stopped by SIGTERM; last output: {bar}"
@@ -235,3 +235,15 @@ def test_a_missing_library_is_one_line_before_any_build(tmp_path):
     assert p.stderr.strip().splitlines()[-1] == ("error: ModuleNotFoundError: No module named 'diffusers'; install the "
                                                  "wheels first (docs/performance.md, GPU check)")
     assert "torch " not in p.stdout and not (out / "counts.json").exists()
+
+
+def test_the_sampling_cell_shows_its_data_reads_and_reward_wait_when_a_row_has_them():
+    """A row that timed the sampling phase's condition reads and reward wait (bench_gpu_point.trainer_epoch) shows them
+    in the sampling cell; a row written before they were timed keeps the cell it had."""
+    from benchmarks.bench_gpu_tables import _cells
+
+    tr = {"sampling_s": 7.0, "training_s": 6.3, "cuda_peak_sampling_mb": 20.7 * 1024,
+          "cuda_reserved_sampling_mb": 23.1 * 1024}
+    row = {"model": "recam-1.3b-random", "trainer": dict(tr, data_s=4.25, reward_wait_s=0.31)}
+    assert _cells(row, {}, 989.0)[0][3] == "7.0 (20.7 / 23.1; data 4.2, reward wait 0.3)"
+    assert _cells({"model": "recam-1.3b-random", "trainer": tr}, {}, 989.0)[0][3] == "7.0 (20.7 / 23.1)"
