@@ -44,7 +44,8 @@ def _fmt(v, fmt=".3f") -> str:
 # ---- gpu_check.sh's table
 
 HEAD = ("| build | B x steps | first sample s (load / move / embed / 1st step) | s/epoch warm-up / timed | "
-        "sampling s (peak GiB alloc / reserved; of it: data reads, reward wait) | training s (peak GiB alloc / reserved) | rescore s (share of "
+        "sampling s (peak GiB alloc / reserved; of it: data reads, reward wait) | "
+        "training s (peak GiB alloc / reserved) | rescore s (share of "
         "training) | samples/s | MFU sample / train (update alone) | peak GiB alloc / reserved / plan | "
         "worst \\|r-1\\| (tol) | sampler gap max / mean | status |")
 

@@ -19,7 +19,8 @@ ENTRY_POINTS: Dict[str, Tuple[Tuple[str, str], ...]] = {
     # The worlds' rewards are plugins, as a user's would be (ddpo_grpo.rewards imports no world).
     "ddpo_grpo.rewards": (
         ("toyworld", "ddpo_grpo.worlds.toyworld.reward:make_toyworld_reward"),
-        ("colour_share", "ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward"),  # hackable proxy (docs/hacking.md)
+        # a hackable proxy (docs/hacking.md)
+        ("colour_share", "ddpo_grpo.worlds.toyworld.hackable:make_colour_share_reward"),
         ("cam_score", "ddpo_grpo.worlds.recam.cam_score:make_cam_score"),
         ("unifiedscore", "ddpo_grpo.worlds.recam.unifiedscore:make_unifiedscore"),
         ("cam_margin", "ddpo_grpo.worlds.room3d.reward:make_cam_margin"),  # requested - opposite (docs/recam.md)

@@ -11,8 +11,8 @@ entry point of the folder's class is imported: a plugin that fails to import sto
 ConfigError line naming it, and no other. Where two distributions declare one class, ddpo_grpo's own wins (as
 built-in rewards win over reward plugins), then the first on sys.path (as imports do). `register` adds one in this
 process (tests, notebooks) and wins over both. A checkout run without installing ddpo_grpo (no distribution: e.g. on
-PYTHONPATH on a lent device) finds its own adapters in plugins.py's list instead. models.recam is not here: pretrained.recam_checkpoint chooses it over a
-WanPipeline folder (models.model_adapter).
+PYTHONPATH on a lent device) finds its own adapters in plugins.py's list instead. models.recam is not here:
+pretrained.recam_checkpoint chooses it over a WanPipeline folder (models.model_adapter).
 """
 from __future__ import annotations
 
