@@ -13,7 +13,8 @@
 #   scripts/gpu_recam3d.sh               # on the device: DIT_SECONDS (150) of training, then the measurement
 #   scripts/gpu_recam3d.sh --grpo FOLDER # then (a second command, the folder carried back): recam3d_tiny_grpo with
 #                                        # its defaults from FOLDER, seeds GRPO_SEEDS (42 1 2) side by side: the issue's
-#                                        # three curves (grpo.json, grpo_seedS.log, grpo/seedS/ with each export)
+#                                        # three curves (grpo.json, grpo_seedS.log; the runs, each export with
+#                                        # them, in WORK/grpo/seedS/, their summary.json files in grpo_summaries.tar)
 #
 # Output in $OUT if set (the device runner's folder), else bench_results/gpu_recam3d: tiny-recam3d-gpu-f16.tar (the
 # model folder with its DiT in float16, as assets/tiny-recam3d is bundled: benchmarks/half_recam_folder.py; ~9 MB, one
