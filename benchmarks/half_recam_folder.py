@@ -21,13 +21,12 @@ import sys
 
 import torch
 
-from ddpo_grpo.models.recam import EXPORT_CHECKPOINT as CHECKPOINT  # the one name of the checkpoint file
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import refuse  # noqa: E402  (a SRC or --parents folder of the wrong kind: one line, exit 2)
+
+from ddpo_grpo.models.recam import EXPORT_CHECKPOINT as CHECKPOINT  # noqa: E402  (the checkpoint file's one name)
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-
-
-class BadInput(Exception):
-    """A SRC or --parents folder that is not a pretrain_recam_video.py folder: one line, exit 2."""
 
 
 def halve(state: dict) -> dict:
@@ -44,12 +43,12 @@ def half_folder(src: str, dst: str, parents=()) -> str:
     for path in [os.path.join(src, CHECKPOINT), os.path.join(src, "transformer", WEIGHTS),
                  os.path.join(src, "pretrain_meta.json")]:
         if not os.path.isfile(path):
-            raise BadInput(f"{path} is missing: SRC must be a pretrain_recam_video.py folder")
+            refuse(f"{path} is missing: SRC must be a pretrain_recam_video.py folder")
     metas = []
     for p in parents:
         meta_path = os.path.join(p, "pretrain_meta.json")
         if not os.path.isfile(meta_path):
-            raise BadInput(f"--parents {p}: no pretrain_meta.json")
+            refuse(f"--parents {p}: no pretrain_meta.json")
         metas.append(json.load(open(meta_path)))
     tmp = dst.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -78,11 +77,7 @@ def main(argv=None) -> None:
     ap.add_argument("dst")
     ap.add_argument("--parents", nargs="*", default=[], help="the stages SRC was trained from, oldest first")
     args = ap.parse_args(argv)
-    try:
-        print(half_folder(args.src, args.dst, args.parents))
-    except BadInput as e:
-        print(f"half_recam_folder: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    print(half_folder(args.src, args.dst, args.parents))
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def main() -> None:
 
         if arch(init.config) != arch(transformer.config):
             refuse(f"--dit-init {args.dit_init}: its DiT's config differs from "
-                             "--dit-heads/-head-dim/-layers/-ffn/-patch's")
+                   "--dit-heads/-head-dim/-layers/-ffn/-patch's")
         transformer.load_state_dict(init.state_dict())
     transformer.to(device)
     text_encoder.to(device)

@@ -345,7 +345,7 @@ def read_baseline(baseline_json: str, seeds: list, n: int | None = None, **same)
     got = len(base.get("clip_scores", ()))
     if base.get("seeds") != list(seeds) or not got or (n is not None and got != n):
         refuse(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, {got} clip "
-                         f"scores; here seeds {list(seeds)}, {'?' if n is None else n})")
+               f"scores; here seeds {list(seeds)}, {'?' if n is None else n})")
     for key, value in same.items():
         if key in base and base[key] != value:
             refuse(f"--baseline {baseline_json}: read with {key} {base[key]!r}, here {value!r}")
