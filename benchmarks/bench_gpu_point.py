@@ -208,6 +208,7 @@ def trainer_epoch(config, device: str) -> dict:
                 rewards = collect_rewards(samples.reward_futures, acc)
                 _sync(device)
                 t1 = time.perf_counter()
+                data_s = reads.seconds  # the sampling phase's reads only (training's, if any, not counted)
                 sampling_peak = _peaks(device)  # the sampling phase's (decode included); then training's alone
                 if device == "cuda":
                     torch.cuda.reset_peak_memory_stats()
@@ -226,7 +227,7 @@ def trainer_epoch(config, device: str) -> dict:
                 # the sampling phase's parts that are not the denoiser's: the condition reads, and the wait for
                 # rewards still running when the last batch was sampled (they run beside the denoiser)
                 out = {"sampling_s": t1 - t0, "training_s": t3 - t2, "epoch_s": t3 - t0,
-                       "data_s": reads.seconds, "reward_wait_s": t1 - t_sampled,
+                       "data_s": data_s, "reward_wait_s": t1 - t_sampled,
                        "samples": int(len(samples.keys)),
                        "rescore_s": counter.rescore_s if seen else None,
                        "rescore_calls": counter.rescore_calls, "rows": dict(counter.rows)}

@@ -55,7 +55,8 @@ def test_every_simulated_failure_still_prints_the_whole_table(tmp_path):
     # the stand-in's row: 160 / 80 / 80 rows at 1 / 2.5 / 1 TFLOPs (counts.json) in 2 s and 4 s (1 s of rescore):
     # MFU 1e12 x 160 / 2 / 989e12 = 0.081; (2.5e12 x 80 + 1e12 x 80) / 4 / 989e12 = 0.071; update 2e14 / 3 s = 0.067
     assert rows[0] == ("| sd15-random | 8 x 10 | 2.4 (1.2 / 0.3 / 0.4 / 0.5) | 8.0 / 6.0 | "
-                       "2.0 (9.0 / 10.0; data 0.5, reward wait 0.2) | 4.0 (9.5 / 11.0) | 1.0 (25 %) | 4.00 | 0.081 / 0.071 (0.067) | 9.5 / 11.0 / 10.0 | "
+                       "2.0 (9.0 / 10.0; data 0.5, reward wait 0.2) | 4.0 (9.5 / 11.0) | 1.0 (25 %) | 4.00 | "
+                       "0.081 / 0.071 (0.067) | 9.5 / 11.0 / 10.0 | "
                        "0.0e+00 (5e-05) | 4.8e-03 / 2.9e-04 | ok |")
     bar = "epoch 0: sampling — prompts «café»:  40%|████      | 2/5 [00:02<00:03]"
     assert hang == f"FAILED (time-out): no row within its 3 s time-out, stopped by SIGTERM; last output: {bar}"
