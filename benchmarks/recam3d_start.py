@@ -286,8 +286,8 @@ def main() -> None:
     if args.group_spread:
         return run_group_spread(args, folder, ckpt, opts, t0)
     same = dict(rooms=args.rooms, amplitude=args.amplitude, estimator_kwargs=opts)  # what a pairing must share
-    if args.baseline:  # a baseline that cannot be paired is refused before minutes of sampling
-        read_baseline(args.baseline, args.seeds, **same)
+    # a baseline that cannot be paired is refused before minutes of sampling; read once, paired after
+    base = read_baseline(args.baseline, args.seeds, **same) if args.baseline else None
     clips, items, jobs, modes = sample(folder, ckpt, args.seeds, args.batch, args.limit, args.rooms,
                                        amplitude=args.amplitude)
     t_sample = time.time() - t0
@@ -327,37 +327,38 @@ def main() -> None:
                translation_shown=nanmedian(r[:, 4]), rotation_shown=nanmedian(r[:, 5]),
                rotation_leans=rotation_leans(true, opp, modes, [it["preset"] for it in items]),
                per_preset=per_preset, reference=reference_scores(items[:n_cond]))
-    if args.baseline:
-        res["paired"] = paired_difference(true, args.baseline, args.seeds, **same)
+    if base is not None:
+        res["paired"] = paired_difference(true, base, args.baseline)
     print(json.dumps(res, indent=1), flush=True)
     if args.out:  # the file also keeps every clip's score (seed-major), what a later --baseline pairs against
         with open(args.out, "w") as f:
             json.dump(dict(res, clip_scores=[round(float(x), 6) for x in true]), f, indent=1)
 
 
-def read_baseline(baseline_json: str, seeds: list, n: int | None = None, **same) -> dict:
-    """A --baseline file, refused unless it holds clip scores for the same noise seeds (and n of them, when n is
-    known) and, for each keyword given (rooms, amplitude, estimator_kwargs), the value this read uses: a file that
-    does not record one (written before it was kept) is not checked on it. main checks it before sampling,
-    paired_difference again with the clips' count."""
+def read_baseline(baseline_json: str, seeds: list, **same) -> dict:
+    """A --baseline file, refused unless it holds clip scores for the same noise seeds and, for each keyword given
+    (rooms, amplitude, estimator_kwargs), the value this read uses: a file that does not record one (written before
+    it was kept) is not checked on it. main reads it once, before sampling; paired_difference checks the count."""
     with open(baseline_json) as f:
         base = json.load(f)
     got = len(base.get("clip_scores", ()))
-    if base.get("seeds") != list(seeds) or not got or (n is not None and got != n):
+    if base.get("seeds") != list(seeds) or not got:
         refuse(f"--baseline {baseline_json}: not the same clips (seeds {base.get('seeds')}, {got} clip "
-               f"scores; here seeds {list(seeds)}, {'?' if n is None else n})")
+               f"scores; here seeds {list(seeds)})")
     for key, value in same.items():
         if key in base and base[key] != value:
             refuse(f"--baseline {baseline_json}: read with {key} {base[key]!r}, here {value!r}")
     return base
 
 
-def paired_difference(scores: np.ndarray, baseline_json: str, seeds: list, **same) -> dict:
-    """This model's cam_score minus a baseline's on the same clips (same conditions and noise seeds; the baseline's
-    --out file keeps its clip scores), with the standard error of the mean difference: the pairing removes the
-    conditions' and noises' spread, which the two means' own standard errors each carry."""
-    base = read_baseline(baseline_json, seeds, scores.size, **same)
-    d = scores - np.asarray(base["clip_scores"], dtype=np.float64)
+def paired_difference(scores: np.ndarray, base: dict, name: str = "--baseline") -> dict:
+    """This model's cam_score (N,) minus a baseline's (read_baseline's dict, whose clip_scores its --out file kept) on
+    the same clips (same conditions and noise seeds), with the standard error of the mean difference: the pairing
+    removes the conditions' and noises' spread, which the two means' own standard errors each carry."""
+    ref = np.asarray(base["clip_scores"], dtype=np.float64)
+    if ref.shape != scores.shape:
+        refuse(f"--baseline {name}: {ref.size} clip scores, here {scores.size}: not the same clips")
+    d = scores - ref
     return dict(baseline=base.get("model"), mean=float(d.mean()), se=float(d.std(ddof=1) / np.sqrt(d.size)))
 
 

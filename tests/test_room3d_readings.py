@@ -297,36 +297,41 @@ def test_scale_cameras_on_random_paths_keeps_axis_and_direction_and_inverts(kind
 
 def test_start_paired_difference_by_hand(tmp_path):
     """recam3d_start's --baseline: the mean and standard error of this model's clip scores minus the baseline's on
-    the same clips; a baseline read on other seeds, rooms, amplitude or estimator options, or without its clip scores,
-    is refused."""
+    the same clips; a baseline read on other seeds, rooms, amplitude or estimator options, without its clip scores
+    or with another count of them, is refused."""
     import json
 
-    from benchmarks.recam3d_start import paired_difference
+    from benchmarks.recam3d_start import paired_difference, read_baseline
+
+    def paired(path, seeds, scores=(0.3, 0.5, 0.6, 0.1), **same):
+        return paired_difference(np.array(scores), read_baseline(path, seeds, **same), path)
 
     base = tmp_path / "start.json"
     base.write_text(json.dumps(dict(model="tiny-recam3d", seeds=[0, 1], clip_scores=[0.1, 0.5, 0.2, 0.0])))
-    got = paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1])
+    got = paired(str(base), [0, 1])
     d = np.array([0.2, 0.0, 0.4, 0.1])  # by hand: mean 0.175, sample std sqrt(0.0875 / 3)
     assert got["baseline"] == "tiny-recam3d"
     assert got["mean"] == pytest.approx(0.175)
     assert got["se"] == pytest.approx(np.sqrt(((d - 0.175) ** 2).sum() / 3) / 2)
     with pytest.raises(SystemExit, match="not the same clips") as refused:
-        paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 2])
+        paired(str(base), [0, 2])
     assert refused.value.code == 2  # a refusal of input exits 2 (benchmarks.refuse), not 1 as a failed run
+    with pytest.raises(SystemExit, match="4 clip scores, here 6"):  # same seeds, another count: other clips
+        paired(str(base), [0, 1], scores=(0.3, 0.5, 0.6, 0.1, 0.2, 0.2))
     base.write_text(json.dumps(dict(model="m", seeds=[0, 1])))
     with pytest.raises(SystemExit, match="0 clip scores"):
-        paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1])
+        paired(str(base), [0, 1])
     # a baseline read on other rooms, at another amplitude or with other estimator options is refused; one whose
     # file does not record a setting (written before it was kept) is not checked on it
     base.write_text(json.dumps(dict(model="m", seeds=[0, 1], rooms="heldout", amplitude=1.0,
                                     estimator_kwargs={"iters": 2}, clip_scores=[0.1, 0.5, 0.2, 0.0])))
     same = dict(rooms="heldout", amplitude=1.0, estimator_kwargs={"iters": 2})
-    assert paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
+    assert paired(str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
     for key, other in (("rooms", "pretrain"), ("amplitude", 2.0), ("estimator_kwargs", {})):
         with pytest.raises(SystemExit, match=f"read with {key}"):
-            paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **dict(same, **{key: other}))
+            paired(str(base), [0, 1], **dict(same, **{key: other}))
     base.write_text(json.dumps(dict(model="m", seeds=[0, 1], clip_scores=[0.1, 0.5, 0.2, 0.0])))
-    assert paired_difference(np.array([0.3, 0.5, 0.6, 0.1]), str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
+    assert paired(str(base), [0, 1], **same)["mean"] == pytest.approx(0.175)
 
 
 def test_a_benchmark_refuses_a_folder_in_one_line_with_exit_2(tmp_path):
