@@ -164,7 +164,9 @@ def recam3d_tiny_grpo():
     policy shift of 1.5e-5 per epoch instead of the 2-D world's 3e-6 (at 5e-5 it fell back by epoch 20). From the
     bundled start (the noise tie at three draws in four), held-out cam_score 0.136 -> 0.238 / 0.256 / 0.245 at
     epoch 40 (seeds 42 / 1 / 2: +0.102 / +0.120 / +0.109, from a fresh clone, forty-ninth session; from the float32
-    folder it rounds +0.116 / +0.115 / +0.103, forty-seventh), docs/recam_log.md. From the earlier half tie (0.181)
+    folder it rounds +0.116 / +0.115 / +0.103, forty-seventh), docs/recam_log.md. Per-step x̂₀ credit
+    (reward.per_step=x0) from it ends level or behind, +0.100 / +0.105 / +0.101 (fiftieth), and costs more an epoch;
+    DiffusionNFT (recam3d_tiny_nft) +0.098 / +0.108 / +0.082 (forty-eighth). From the earlier half tie (0.181)
     it gained +0.101 / +0.098 / +0.083, and none of the levers tried there moved that plateau beyond the eval's noise:
     an EMA of the policy as what eval reads (train.ema_decay=0.95), advantages over the batch's std
     (tracker.std_mode=global), 16 optimizer steps an epoch (train.gradient_accumulation_steps=1,
