@@ -351,13 +351,14 @@ def read_baseline(baseline_json: str, seeds: list, **same) -> dict:
     return base
 
 
-def paired_difference(scores: np.ndarray, base: dict, name: str = "--baseline") -> dict:
-    """This model's cam_score (N,) minus a baseline's (read_baseline's dict, whose clip_scores its --out file kept) on
-    the same clips (same conditions and noise seeds), with the standard error of the mean difference: the pairing
-    removes the conditions' and noises' spread, which the two means' own standard errors each carry."""
+def paired_difference(scores: np.ndarray, base: dict, baseline_json: str) -> dict:
+    """This model's cam_score (N,) minus a baseline's (read_baseline's dict of the file baseline_json, whose
+    clip_scores its --out file kept; the path only names it in a refusal) on the same clips (same conditions and noise
+    seeds), with the standard error of the mean difference: the pairing removes the conditions' and noises' spread,
+    which the two means' own standard errors each carry."""
     ref = np.asarray(base["clip_scores"], dtype=np.float64)
     if ref.shape != scores.shape:
-        refuse(f"--baseline {name}: {ref.size} clip scores, here {scores.size}: not the same clips")
+        refuse(f"--baseline {baseline_json}: {ref.size} clip scores, here {scores.size}: not the same clips")
     d = scores - ref
     return dict(baseline=base.get("model"), mean=float(d.mean()), se=float(d.std(ddof=1) / np.sqrt(d.size)))
 
